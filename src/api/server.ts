@@ -1,0 +1,210 @@
+import Fastify, { LogController, type FastifyReply, type FastifyRequest, type HTTPMethods } from "fastify";
+import type { Logger } from "pino";
+import { ComponentRequestError, type ComponentService } from "../components/component-service.js";
+import type { GpuInventory } from "../host/gpu-inventory.js";
+import type { Reconciler } from "../runner/reconciler.js";
+import { TaskConflictError, TaskOperationError, TaskStateError, type TaskRunner } from "../runner/task-runner.js";
+import { InvalidTaskConfigError, parseTaskConfig } from "../tasks/task-config.js";
+import { TaskNotFoundError, type TaskStore } from "../tasks/task-store.js";
+import { normalizeTerminationReason } from "../tasks/termination-reason.js";
+import { BODY_LIMIT_BYTES, decodeObjectBody, HttpError } from "./http-errors.js";
+import { taskInfo } from "./wire.js";
+
+/** What the HTTP edge needs from the rest of the shim. */
+export interface ApiDeps {
+  readonly version: string;
+  readonly store: TaskStore;
+  readonly runner: TaskRunner;
+  readonly reconciler: Reconciler;
+  readonly inventory: GpuInventory;
+  readonly components: ComponentService;
+  readonly log: Logger;
+  /** Starts a graceful (or forced) shutdown; the process exits 0 once it is done. */
+  requestShutdown(force: boolean): void;
+}
+
+const ALL_METHODS: HTTPMethods[] = ["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"];
+const MAX_STOP_TIMEOUT_S = 24 * 60 * 60;
+// eslint-disable-next-line no-control-regex
+const CONTROL = /[\u0000-\u0008\u000b-\u001f\u007f]/;
+
+function sendText(reply: FastifyReply, status: number, message: string): FastifyReply {
+  return reply
+    .code(status)
+    .header("content-type", "text/plain; charset=utf-8")
+    .header("x-content-type-options", "nosniff")
+    .send(`${message}\n`);
+}
+
+function body(request: FastifyRequest): Record<string, unknown> {
+  return decodeObjectBody(request.headers["content-type"], request.body as Buffer | undefined);
+}
+
+/**
+ * Builds the HTTP API, wire-compatible with dstack-shim: the same paths, JSON keys, status
+ * codes and plain-text error bodies. Reads are answered from memory and never wait on Docker.
+ */
+export function buildApi(deps: ApiDeps) {
+  const app = Fastify({
+    loggerInstance: deps.log,
+    logController: new LogController({ disableRequestLogging: true }),
+    bodyLimit: BODY_LIMIT_BYTES,
+    forceCloseConnections: "idle",
+    return503OnClosing: true,
+    routerOptions: { maxParamLength: 256 },
+  });
+
+  // Bodies are decoded by the routes with dstack-shim's rules, whatever the Content-Type.
+  app.removeAllContentTypeParsers();
+  app.addContentTypeParser("*", { parseAs: "buffer" }, (_request, payload, done) => done(null, payload));
+
+  app.setErrorHandler((error: Error & { statusCode?: number; code?: string }, request, reply) => {
+    if (error instanceof HttpError) return sendText(reply, error.statusCode, error.message);
+    if (error.code === "FST_ERR_CTP_BODY_TOO_LARGE") {
+      return sendText(reply, 413, "Request body must not be larger than 1MB");
+    }
+    if (error instanceof TaskNotFoundError) return sendText(reply, 404, error.message);
+    if (error instanceof ComponentRequestError) {
+      return sendText(reply, error.kind === "busy" ? 409 : 400, error.message);
+    }
+    if (error instanceof InvalidTaskConfigError) return sendText(reply, 400, error.message);
+    if (error instanceof TaskConflictError || error instanceof TaskStateError) {
+      return sendText(reply, 409, `request error: ${error.message}`);
+    }
+    if (error instanceof TaskOperationError) return sendText(reply, 500, `internal error: ${error.message}`);
+    if (typeof error.statusCode === "number" && error.statusCode >= 400 && error.statusCode < 500) {
+      return sendText(reply, error.statusCode, error.message);
+    }
+    request.log.error({ err: error, url: request.url }, "request failed");
+    return sendText(reply, 500, "internal error");
+  });
+  app.setNotFoundHandler((_request, reply) => sendText(reply, 404, "404 page not found"));
+
+  const routes: { method: HTTPMethods; url: string; handler: (r: FastifyRequest, s: FastifyReply) => unknown }[] = [
+    {
+      method: "GET",
+      url: "/api/healthcheck",
+      handler: () => ({ service: "dstack-shim", version: deps.version }),
+    },
+    {
+      method: "POST",
+      url: "/api/shutdown",
+      handler: (request, reply) => {
+        const force = body(request).force ?? false;
+        if (typeof force !== "boolean") throw new HttpError(400, 'Request body contains an invalid value for the "force" field');
+        deps.requestShutdown(force);
+        return sendText(reply, 200, "");
+      },
+    },
+    { method: "GET", url: "/api/instance/health", handler: () => ({ dcgm: null }) },
+    {
+      method: "GET",
+      url: "/api/instance/info",
+      handler: () => {
+        const first = deps.inventory.gpus[0];
+        return first ? { gpu_vendor: first.vendor, gpu_driver_version: first.driverVersion } : {};
+      },
+    },
+    {
+      method: "GET",
+      url: "/api/components",
+      handler: () => ({ components: deps.components.list() }),
+    },
+    {
+      method: "POST",
+      url: "/api/components/install",
+      handler: (request, reply) => {
+        const b = body(request);
+        deps.components.install(b.name, b.url, b.sha256);
+        return sendText(reply, 200, "");
+      },
+    },
+    {
+      method: "GET",
+      url: "/api/tasks",
+      handler: () => ({ tasks: deps.store.list().map((t) => ({ id: t.id, status: t.status })) }),
+    },
+    {
+      method: "POST",
+      url: "/api/tasks",
+      handler: async (request) => {
+        const { config, auth } = parseTaskConfig(body(request));
+        return taskInfo(await deps.runner.submit(config, auth));
+      },
+    },
+    {
+      method: "GET",
+      url: "/api/tasks/:id",
+      handler: (request, reply) => {
+        const task = deps.store.get((request.params as { id: string }).id);
+        return task ? taskInfo(task) : sendText(reply, 404, "Not Found");
+      },
+    },
+    {
+      method: "POST",
+      url: "/api/tasks/:id/terminate",
+      handler: async (request) => {
+        const id = (request.params as { id: string }).id;
+        const b = body(request);
+        const { reason, message, timeout } = parseTerminate(b);
+        deps.store.mustGet(id);
+        return taskInfo(await deps.runner.terminate(id, timeout, reason, message));
+      },
+    },
+    {
+      method: "POST",
+      url: "/api/tasks/:id/remove",
+      handler: async (request, reply) => {
+        await deps.runner.remove((request.params as { id: string }).id);
+        return sendText(reply, 200, "");
+      },
+    },
+    {
+      method: "GET",
+      url: "/metrics/tasks/:id",
+      handler: (request, reply) => {
+        if (!deps.store.get((request.params as { id: string }).id)) return sendText(reply, 404, "Task not found");
+        return sendText(reply, 404, "DCGM Exporter is not available");
+      },
+    },
+  ];
+
+  const byUrl = new Map<string, HTTPMethods[]>();
+  for (const route of routes) {
+    app.route({ method: route.method, url: route.url, handler: route.handler });
+    byUrl.set(route.url, [...(byUrl.get(route.url) ?? []), route.method]);
+  }
+  for (const [url, methods] of byUrl) {
+    const others = ALL_METHODS.filter((m) => !methods.includes(m) && !(m === "HEAD" && methods.includes("GET")));
+    app.route({
+      method: others,
+      url,
+      handler: (_request, reply) => sendText(reply.header("allow", methods.join(", ")), 405, "Method Not Allowed"),
+    });
+  }
+  return app;
+}
+
+function parseTerminate(b: Record<string, unknown>): {
+  reason: ReturnType<typeof normalizeTerminationReason>;
+  message: string;
+  timeout: number;
+} {
+  const rawReason = b.termination_reason ?? "";
+  const rawMessage = b.termination_message ?? "";
+  const timeout = b.timeout ?? 0;
+  if (typeof rawReason !== "string" || rawReason.length > 128 || CONTROL.test(rawReason)) {
+    throw new HttpError(400, 'Request body contains an invalid value for the "termination_reason" field');
+  }
+  if (typeof rawMessage !== "string" || rawMessage.length > 65_536 || rawMessage.includes("\u0000")) {
+    throw new HttpError(400, 'Request body contains an invalid value for the "termination_message" field');
+  }
+  if (typeof timeout !== "number" || !Number.isInteger(timeout) || timeout < 0 || timeout > MAX_STOP_TIMEOUT_S) {
+    throw new HttpError(400, 'Request body contains an invalid value for the "timeout" field');
+  }
+  // "" comes from the server's dangling-task cleanup; a terminated task still needs a valid reason.
+  const reason = normalizeTerminationReason(rawReason, "terminated_by_server");
+  const known = rawReason.trim().toLowerCase() === reason;
+  const message = known || rawReason === "" ? rawMessage : `${rawReason}: ${rawMessage}`.trim();
+  return { reason, message, timeout };
+}

@@ -1,0 +1,192 @@
+import { existsSync } from "node:fs";
+import { mkdir, readFile } from "node:fs/promises";
+import { join } from "node:path";
+import { pino, type Logger } from "pino";
+import { buildApi } from "../api/server.js";
+import { ComponentService } from "../components/component-service.js";
+import type { ShimConfig } from "../config/shim-config.js";
+import type { ContainerParams } from "../docker/container-spec.js";
+import { DockerodeClient } from "../docker/dockerode-client.js";
+import { BoundedCommandRunner } from "../exec/run-bounded.js";
+import { AuthorizedKeys, HostKeysReconciler, passwdUserLookup } from "../host/authorized-keys.js";
+import { detectGpus } from "../host/gpu-inventory.js";
+import { GpuLock } from "../host/gpu-lock.js";
+import { HostVolumes } from "../host/volumes.js";
+import { Reconciler } from "../runner/reconciler.js";
+import { restoreTasks } from "../runner/restore.js";
+import type { RunnerContext } from "../runner/runner-context.js";
+import { TaskRunner } from "../runner/task-runner.js";
+import { acquireHomeLock, type HomeLock } from "../state/home-lock.js";
+import { TaskDirs } from "../state/task-dirs.js";
+import { TaskStore } from "../tasks/task-store.js";
+import { VERSION } from "../version.js";
+
+/** Startup could not complete; the message is one line for the operator. */
+export class StartupError extends Error {
+  override readonly name = "StartupError";
+}
+
+/** Paths and fields that may carry secrets: never logged. */
+const REDACT = ["registry_password", "*.registry_password", "password", "*.password", "req.headers.authorization"];
+
+function createLogger(config: ShimConfig): Logger {
+  return pino(
+    { level: config.logLevel, base: { pid: process.pid }, redact: { paths: REDACT, censor: "[redacted]" } },
+    pino.multistream([
+      { level: config.logLevel, stream: process.stdout },
+      { level: config.logLevel, stream: pino.destination({ dest: join(config.home, "shim.log"), append: true, mkdir: true }) },
+    ]),
+  );
+}
+
+async function readBootId(): Promise<string> {
+  return (await readFile("/proc/sys/kernel/random/boot_id", "utf8").catch(() => "unknown")).trim();
+}
+
+/** A running shim: `stopped` settles once it has shut down. */
+export interface RunningShim {
+  readonly address: string;
+  readonly stopped: Promise<void>;
+  /** Graceful (or forced) shutdown, as `POST /api/shutdown` asks. */
+  shutdown(force: boolean): void;
+  /** SIGINT/SIGTERM: external commands in flight are killed, then a graceful shutdown. */
+  interrupt(): void;
+}
+
+/**
+ * Starts the shim: lock the home, reach Docker, restore tasks, reconcile once, then serve.
+ * Background jobs (reconcile loop, event stream, starts, installs) belong to the shim and are
+ * cancelled and awaited on shutdown; containers are never touched by a shutdown.
+ */
+export async function startShim(config: ShimConfig): Promise<RunningShim> {
+  await mkdir(config.home, { recursive: true, mode: 0o755 });
+  let lock: HomeLock;
+  try {
+    lock = await acquireHomeLock(config.home);
+  } catch (error) {
+    throw new StartupError((error as Error).message, { cause: error });
+  }
+  const log = createLogger(config);
+  const shutdownController = new AbortController();
+  const interruption = new AbortController();
+  try {
+    const docker = DockerodeClient.fromEnv();
+    try {
+      await docker.ping();
+    } catch (error) {
+      throw new StartupError(`docker engine unreachable (${process.env.DOCKER_HOST ?? "unix:///var/run/docker.sock"}): ${(error as Error).message}`, { cause: error });
+    }
+    const commands = new BoundedCommandRunner(interruption.signal);
+    const inventory = await detectGpus(commands, config.gpuFixture ? { fixturePath: config.gpuFixture } : {});
+    const params: ContainerParams = {
+      runnerBinaryPath: config.runnerBinaryPath,
+      runnerHttpPort: config.runnerHttpPort,
+      runnerSshPort: config.runnerSshPort,
+      runnerLogLevel: config.runnerLogLevel,
+      runnerSshLogLevel: config.runnerSshLogLevel,
+      baseEnv: config.passEnv.flatMap((name) => {
+        const value = process.env[name];
+        return value === undefined ? [] : [`${name}=${value}`];
+      }),
+      privileged: config.privileged,
+      pjrtDevice: config.pjrtDevice,
+      volumeMountRoot: config.volumeMountRoot,
+      infiniband: existsSync("/dev/infiniband"),
+    };
+    const ctx: RunnerContext = {
+      docker,
+      store: new TaskStore(),
+      dirs: new TaskDirs(config.home),
+      inventory,
+      gpuLock: new GpuLock(inventory),
+      hostKeys: new HostKeysReconciler(new AuthorizedKeys(passwdUserLookup(), (msg, fields) => log.warn(fields ?? {}, msg))),
+      volumes: new HostVolumes(commands, { mountRoot: config.volumeMountRoot }),
+      params,
+      bootId: await readBootId(),
+      log,
+      shutdown: shutdownController.signal,
+    };
+    const runner = new TaskRunner(ctx);
+    const reconciler = new Reconciler(ctx, runner);
+    const report = await restoreTasks(ctx);
+    await ctx.hostKeys.reconcile(runner.hostKeysByUser()).catch((error: unknown) => {
+      log.error({ err: error }, "host keys reconcile at startup failed");
+    });
+    // Exits that happened while the shim was down are final before the first request.
+    await reconciler.tick();
+
+    const components = new ComponentService(
+      { runner: config.runnerBinaryPath, shim: config.shimBinaryPath },
+      commands,
+      log,
+      shutdownController.signal,
+    );
+    await components.refresh();
+    if (config.runnerDownloadUrl && !existsSync(config.runnerBinaryPath)) {
+      components.install("dstack-runner", config.runnerDownloadUrl, undefined);
+    }
+
+    let requested: ((force: boolean) => void) | undefined;
+    const app = buildApi({
+      version: VERSION,
+      store: ctx.store,
+      runner,
+      reconciler,
+      inventory,
+      components,
+      log,
+      requestShutdown: (force) => requested?.(force),
+    });
+    try {
+      await app.listen({ host: config.httpAddress, port: config.httpPort });
+    } catch (error) {
+      const code = (error as NodeJS.ErrnoException).code;
+      throw new StartupError(
+        code === "EADDRINUSE"
+          ? `port ${config.httpPort} on ${config.httpAddress} is already in use`
+          : `cannot listen on ${config.httpAddress}:${config.httpPort}: ${(error as Error).message}`,
+        { cause: error },
+      );
+    }
+    const address = `http://${config.httpAddress}:${config.httpPort}`;
+    log.info({ address, version: VERSION, tasks: report.restored, gpus: inventory.gpus.length }, "taskshim serving");
+
+    const loop = reconciler.run();
+    const events = reconciler.followEvents();
+    for (const id of report.resumed) runner.startInBackground(id);
+
+    let stopping: Promise<void> | undefined;
+    let resolveStopped!: () => void;
+    const stopped = new Promise<void>((resolve) => (resolveStopped = resolve));
+    const shutdown = (force: boolean): void => {
+      if (force) app.server.closeAllConnections();
+      if (stopping) return;
+      log.info({ force }, "shutting down; containers keep running");
+      stopping = (async () => {
+        shutdownController.abort(new Error("shim shutting down"));
+        runner.cancelPulls();
+        await app.close();
+        await Promise.allSettled([loop, events, runner.awaitStarts(), components.settle()]);
+        await lock.release();
+        log.info("shutdown complete");
+        log.flush();
+        resolveStopped();
+      })();
+    };
+    requested = shutdown;
+    return {
+      address,
+      stopped,
+      shutdown,
+      interrupt: () => {
+        interruption.abort(new Error("interrupted"));
+        shutdown(false);
+      },
+    };
+  } catch (error) {
+    shutdownController.abort();
+    await lock.release();
+    log.flush();
+    throw error;
+  }
+}

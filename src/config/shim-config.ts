@@ -1,0 +1,161 @@
+import { homedir } from "node:os";
+import { isAbsolute, resolve } from "node:path";
+import { DEFAULT_VOLUME_MOUNT_ROOT } from "../docker/container-spec.js";
+
+/** pino's level names, ordered as logrus' numeric levels 1..6 map to them. */
+export type LogLevel = "fatal" | "error" | "warn" | "info" | "debug" | "trace";
+
+/** One validated configuration for `taskshim serve`. */
+export interface ShimConfig {
+  readonly home: string;
+  readonly httpAddress: string;
+  readonly httpPort: number;
+  readonly shimBinaryPath: string;
+  readonly logLevel: LogLevel;
+  readonly runnerDownloadUrl: string;
+  readonly runnerBinaryPath: string;
+  readonly runnerHttpPort: number;
+  readonly runnerSshPort: number;
+  readonly runnerLogLevel: string;
+  readonly runnerSshLogLevel: string;
+  readonly passEnv: readonly string[];
+  readonly privileged: boolean;
+  readonly pjrtDevice: string;
+  readonly serviceMode: boolean;
+  readonly gpuFixture: string;
+  readonly volumeMountRoot: string;
+}
+
+/** A flag or environment value that cannot be used; the message names it. */
+export class ConfigError extends Error {
+  override readonly name = "ConfigError";
+}
+
+/** The serve flags as commander hands them over (all optional strings or booleans). */
+export type ServeFlags = Partial<Record<FlagName, string | boolean>>;
+
+/** Every serve setting: its flag (camelCase as commander names it), env variable and default. */
+export const SERVE_SETTINGS = {
+  shimHome: { flag: "--shim-home <dir>", env: "DSTACK_SHIM_HOME", help: "home dir (shim.log, runners/)" },
+  shimHttpAddress: {
+    flag: "--shim-http-address <addr>",
+    env: "TASKSHIM_HTTP_ADDRESS",
+    help: "address to bind (default 127.0.0.1)",
+  },
+  shimHttpPort: { flag: "--shim-http-port <port>", env: "DSTACK_SHIM_HTTP_PORT", help: "HTTP port (default 10998)" },
+  shimBinaryPath: { flag: "--shim-binary-path <path>", env: "DSTACK_SHIM_BINARY_PATH", help: "target of self-upgrade" },
+  shimLogLevel: {
+    flag: "--shim-log-level <level>",
+    env: "DSTACK_SHIM_LOG_LEVEL",
+    help: "1..6 or fatal|error|warn|info|debug|trace (default info)",
+  },
+  runnerDownloadUrl: {
+    flag: "--runner-download-url <url>",
+    env: "DSTACK_RUNNER_DOWNLOAD_URL",
+    help: "download the runner at startup if missing",
+  },
+  runnerBinaryPath: {
+    flag: "--runner-binary-path <path>",
+    env: "DSTACK_RUNNER_BINARY_PATH",
+    help: "runner binary mounted into containers (default /usr/local/bin/dstack-runner)",
+  },
+  runnerHttpPort: { flag: "--runner-http-port <port>", env: "DSTACK_RUNNER_HTTP_PORT", help: "default 10999" },
+  runnerSshPort: { flag: "--runner-ssh-port <port>", env: "DSTACK_RUNNER_SSH_PORT", help: "default 10022" },
+  runnerLogLevel: { flag: "--runner-log-level <level>", env: "DSTACK_RUNNER_LOG_LEVEL", help: "default info" },
+  runnerSshLogLevel: { flag: "--runner-ssh-log-level <level>", env: "DSTACK_RUNNER_SSH_LOG_LEVEL", help: "" },
+  passEnv: {
+    flag: "--pass-env <names>",
+    env: "DSTACK_DOCKER_PASS_ENV",
+    help: "comma-separated host env vars copied into containers",
+  },
+  privileged: { flag: "--privileged [bool]", env: "DSTACK_DOCKER_PRIVILEGED", help: "force privileged containers" },
+  pjrtDevice: { flag: "--pjrt-device <value>", env: "PJRT_DEVICE", help: "PJRT_DEVICE for containers (TPU)" },
+  service: { flag: "--service [bool]", env: "DSTACK_SERVICE_MODE", help: "service mode (SSH fleets)" },
+  gpuFixture: {
+    flag: "--gpu-fixture <file>",
+    env: "TASKSHIM_GPU_FIXTURE",
+    help: "describe GPUs from a JSON fixture instead of detecting them (testing)",
+  },
+  volumeMountRoot: {
+    flag: "--volume-mount-root <dir>",
+    env: "TASKSHIM_VOLUME_MOUNT_ROOT",
+    help: `where network volumes are mounted (default ${DEFAULT_VOLUME_MOUNT_ROOT})`,
+  },
+} as const;
+
+type FlagName = keyof typeof SERVE_SETTINGS;
+
+const DEFAULT_PASS_ENV = "http_proxy,https_proxy,no_proxy,HTTP_PROXY,HTTPS_PROXY,NO_PROXY";
+const LOG_LEVELS: readonly LogLevel[] = ["fatal", "error", "warn", "info", "debug", "trace"];
+
+function port(value: string, name: string): number {
+  const n = Number(value);
+  if (!/^\d+$/.test(value) || n < 1 || n > 65_535) throw new ConfigError(`${name}: invalid port ${JSON.stringify(value)}`);
+  return n;
+}
+
+function bool(value: string | boolean, name: string): boolean {
+  if (typeof value === "boolean") return value;
+  const v = value.trim().toLowerCase();
+  if (["1", "true", "yes", "on"].includes(v)) return true;
+  if (["", "0", "false", "no", "off"].includes(v)) return false;
+  throw new ConfigError(`${name}: expected a boolean, got ${JSON.stringify(value)}`);
+}
+
+/** Maps a logrus level (a digit 1..6 or a name) to pino's. */
+export function parseLogLevel(value: string): LogLevel {
+  const v = value.trim().toLowerCase();
+  if (/^[0-6]$/.test(v)) return LOG_LEVELS[Math.max(0, Number(v) - 1)] ?? "info";
+  if (v === "warning") return "warn";
+  if (v === "panic") return "fatal";
+  if ((LOG_LEVELS as readonly string[]).includes(v)) return v as LogLevel;
+  throw new ConfigError(`invalid log level ${JSON.stringify(value)}`);
+}
+
+/**
+ * Resolves the configuration: a flag beats its environment variable, which beats the
+ * default. Throws `ConfigError` naming the first bad value.
+ */
+export function resolveShimConfig(
+  flags: ServeFlags,
+  env: NodeJS.ProcessEnv = process.env,
+  defaults: { shimBinaryPath: string } = { shimBinaryPath: process.execPath },
+): ShimConfig {
+  const get = (name: FlagName): string | boolean | undefined => {
+    const flag = flags[name];
+    if (flag !== undefined) return flag;
+    return env[SERVE_SETTINGS[name].env];
+  };
+  const str = (name: FlagName, fallback: string): string => {
+    const v = get(name);
+    return typeof v === "string" && v !== "" ? v : fallback;
+  };
+  const path = (name: FlagName, fallback: string): string => {
+    const v = str(name, fallback);
+    return isAbsolute(v) ? v : resolve(v);
+  };
+  const runnerLogLevel = str("runnerLogLevel", "info");
+  parseLogLevel(runnerLogLevel);
+  return {
+    home: path("shimHome", resolve(homedir(), ".dstack")),
+    httpAddress: str("shimHttpAddress", "127.0.0.1"),
+    httpPort: port(str("shimHttpPort", "10998"), SERVE_SETTINGS.shimHttpPort.env),
+    shimBinaryPath: path("shimBinaryPath", defaults.shimBinaryPath),
+    logLevel: parseLogLevel(str("shimLogLevel", "info")),
+    runnerDownloadUrl: str("runnerDownloadUrl", ""),
+    runnerBinaryPath: path("runnerBinaryPath", "/usr/local/bin/dstack-runner"),
+    runnerHttpPort: port(str("runnerHttpPort", "10999"), SERVE_SETTINGS.runnerHttpPort.env),
+    runnerSshPort: port(str("runnerSshPort", "10022"), SERVE_SETTINGS.runnerSshPort.env),
+    runnerLogLevel,
+    runnerSshLogLevel: str("runnerSshLogLevel", ""),
+    passEnv: str("passEnv", DEFAULT_PASS_ENV)
+      .split(",")
+      .map((s) => s.trim())
+      .filter(Boolean),
+    privileged: bool(get("privileged") ?? false, "privileged"),
+    pjrtDevice: str("pjrtDevice", ""),
+    serviceMode: bool(get("service") ?? false, "service"),
+    gpuFixture: str("gpuFixture", ""),
+    volumeMountRoot: path("volumeMountRoot", DEFAULT_VOLUME_MOUNT_ROOT),
+  };
+}

@@ -1,0 +1,84 @@
+import type { Readable } from "node:stream";
+import type { PortMapping } from "../tasks/task.js";
+
+/** Container label marking shim tasks (shared with dstack-shim). */
+export const LABEL_IS_TASK = "ai.dstack.shim.is-task";
+/** Container label carrying the task id (shared with dstack-shim). */
+export const LABEL_TASK_ID = "ai.dstack.shim.task-id";
+
+/** Docker's container states. */
+export type ContainerState = "created" | "running" | "paused" | "restarting" | "removing" | "exited" | "dead";
+
+/** One labelled container from a list call. */
+export interface TaskContainerSummary {
+  readonly id: string;
+  readonly name: string;
+  readonly taskId: string;
+  readonly state: ContainerState;
+}
+
+/** What the shim reads from a container inspect. */
+export interface ContainerDetails {
+  readonly id: string;
+  readonly name: string;
+  readonly taskId: string;
+  readonly state: ContainerState;
+  readonly exitCode: number;
+  readonly oomKilled: boolean;
+  readonly error: string;
+  readonly startedAt: string;
+  readonly finishedAt: string;
+  readonly restartCount: number;
+  readonly ports: PortMapping[];
+  readonly hostConfig: {
+    readonly DeviceRequests?: { DeviceIDs?: string[] }[] | null;
+    readonly Devices?: { PathOnHost?: string; PathInContainer?: string }[] | null;
+  };
+}
+
+/** Registry credentials for a pull. */
+export interface PullAuth {
+  readonly username: string;
+  readonly password: string;
+  readonly serveraddress: string;
+}
+
+/** A container event from the engine's event stream (only the fields the shim uses). */
+export interface ContainerEvent {
+  readonly action: string;
+  readonly containerId: string;
+  readonly taskId: string;
+}
+
+/** Create options in the Engine API's own shape (POST /containers/create). */
+export interface ContainerCreateSpec {
+  readonly name: string;
+  readonly body: Record<string, unknown>;
+}
+
+/** The result of a removal that reached a confirmed end. */
+export type RemovalConfirmed = "removed" | "already-absent";
+
+/**
+ * The port to the Docker Engine. Every method takes a signal: the adapter adds its own
+ * deadline for short calls, and long calls (pull, events) end only through the signal.
+ */
+export interface DockerClient {
+  ping(signal?: AbortSignal): Promise<void>;
+  listTaskContainers(signal?: AbortSignal): Promise<TaskContainerSummary[]>;
+  /** Inspects a container by id or name; `undefined` if it does not exist. */
+  inspectContainer(idOrName: string, signal?: AbortSignal): Promise<ContainerDetails | undefined>;
+  createContainer(spec: ContainerCreateSpec, signal?: AbortSignal): Promise<string>;
+  startContainer(id: string, signal?: AbortSignal): Promise<void>;
+  /** Stops a container (SIGTERM, SIGKILL after `timeoutSeconds`); a stopped or missing one is fine. */
+  stopContainer(id: string, timeoutSeconds: number, signal?: AbortSignal): Promise<void>;
+  /** Removes a container and confirms it is gone; throws `RemovalUnconfirmedError` otherwise. */
+  removeContainer(id: string, signal?: AbortSignal): Promise<RemovalConfirmed>;
+  /** The last `lines` lines of stdout and stderr, interleaved as Docker stored them. */
+  containerLogTail(id: string, lines: number, signal?: AbortSignal): Promise<string[]>;
+  imageExists(reference: string, signal?: AbortSignal): Promise<boolean>;
+  /** Starts a pull; the returned stream is the engine's NDJSON progress. */
+  pullImage(reference: string, auth: PullAuth | undefined, signal: AbortSignal): Promise<Readable>;
+  /** Follows container events of shim tasks until the signal aborts or the stream drops. */
+  containerEvents(signal: AbortSignal): AsyncIterable<ContainerEvent>;
+}

@@ -1,0 +1,88 @@
+/** The engine did not answer (socket missing, connection refused, deadline exceeded). */
+export class DockerUnavailableError extends Error {
+  override readonly name = "DockerUnavailableError";
+}
+
+/** The engine answered with an error status. */
+export class DockerApiError extends Error {
+  override readonly name: string = "DockerApiError";
+  constructor(
+    message: string,
+    readonly statusCode: number,
+    options?: ErrorOptions,
+  ) {
+    super(message, options);
+  }
+}
+
+/** 404: no such container or image. */
+export class DockerNotFoundError extends DockerApiError {
+  override readonly name = "DockerNotFoundError";
+}
+
+/** 409: a name conflict, or a removal already in progress. */
+export class DockerConflictError extends DockerApiError {
+  override readonly name = "DockerConflictError";
+}
+
+/** Why a container removal could not be confirmed. */
+export type RemovalUnconfirmedReason =
+  | { readonly kind: "launch"; readonly detail: string }
+  | { readonly kind: "wait"; readonly detail: string }
+  | { readonly kind: "deadline"; readonly elapsedMs: number; readonly cleanup: unknown }
+  | { readonly kind: "exit-status"; readonly code: number | null; readonly stderr: string }
+  | { readonly kind: "ssh"; readonly detail: string }
+  | { readonly kind: "engine"; readonly detail: string };
+
+/** A removal that did not reach a confirmed end: the container may still exist. */
+export class RemovalUnconfirmedError extends Error {
+  override readonly name = "RemovalUnconfirmedError";
+  constructor(
+    readonly container: string,
+    readonly reason: RemovalUnconfirmedReason,
+    options?: ErrorOptions,
+  ) {
+    super(`removal of container ${container} not confirmed: ${describeReason(reason)}`, options);
+  }
+}
+
+function describeReason(reason: RemovalUnconfirmedReason): string {
+  switch (reason.kind) {
+    case "launch":
+    case "wait":
+    case "ssh":
+    case "engine":
+      return `${reason.kind}: ${reason.detail}`;
+    case "deadline":
+      return `deadline exceeded after ${reason.elapsedMs} ms`;
+    case "exit-status":
+      return `exit status ${reason.code ?? "signal"}: ${reason.stderr}`;
+  }
+}
+
+interface DockerodeErrorShape {
+  statusCode?: number;
+  reason?: string;
+  json?: { message?: string } | string | null;
+  code?: string;
+  message?: string;
+  name?: string;
+}
+
+/** Maps a dockerode/docker-modem error (or an abort) to one of the typed errors above. */
+export function mapDockerError(error: unknown, operation: string): Error {
+  if (error instanceof DockerApiError || error instanceof DockerUnavailableError) return error;
+  const e = (error ?? {}) as DockerodeErrorShape;
+  if (typeof e.statusCode === "number") {
+    const detail =
+      (typeof e.json === "object" && e.json?.message) || (typeof e.json === "string" ? e.json : "") || e.reason || "";
+    const message = `${operation}: ${detail || `HTTP ${e.statusCode}`}`.trim();
+    if (e.statusCode === 404) return new DockerNotFoundError(message, 404, { cause: error });
+    if (e.statusCode === 409) return new DockerConflictError(message, 409, { cause: error });
+    return new DockerApiError(message, e.statusCode, { cause: error });
+  }
+  const why = e.name === "AbortError" || e.code === "ABORT_ERR" ? "deadline exceeded or cancelled" : e.message;
+  return new DockerUnavailableError(`${operation}: docker engine unavailable: ${why ?? String(error)}`, {
+    cause: error,
+  });
+}

@@ -1,0 +1,314 @@
+import { createInterface } from "node:readline";
+import type { Readable } from "node:stream";
+import { setTimeout as sleep } from "node:timers/promises";
+import Docker from "dockerode";
+import { withDeadline } from "../exec/linked-signal.js";
+import type { PortMapping } from "../tasks/task.js";
+import {
+  LABEL_IS_TASK,
+  LABEL_TASK_ID,
+  type ContainerCreateSpec,
+  type ContainerDetails,
+  type ContainerEvent,
+  type ContainerState,
+  type DockerClient,
+  type PullAuth,
+  type RemovalConfirmed,
+  type TaskContainerSummary,
+} from "./docker-client.js";
+import {
+  DockerConflictError,
+  DockerNotFoundError,
+  mapDockerError,
+  RemovalUnconfirmedError,
+} from "./docker-errors.js";
+
+/** Deadlines (ms) for the short Engine API calls. */
+export const DOCKER_DEADLINES = {
+  ping: 3_000,
+  list: 10_000,
+  inspect: 10_000,
+  create: 60_000,
+  start: 60_000,
+  /** Added to the stop timeout the caller gives the container. */
+  stopExtra: 15_000,
+  remove: 30_000,
+  logs: 10_000,
+  image: 10_000,
+} as const;
+
+const REMOVAL_POLL_MS = 250;
+const TASK_FILTER = { label: [`${LABEL_IS_TASK}=true`] };
+
+/** Counts Engine API calls by operation, so the reconciler's cost is visible. */
+export type DockerCallCounter = (operation: string, outcome: "ok" | "error") => void;
+
+/**
+ * The one adapter from the `DockerClient` port to the Engine API (dockerode). It adds a
+ * deadline to every short call and maps errors to typed ones. No global docker-modem timeout
+ * is set: it is a socket-idle timeout that would kill legitimate long polls.
+ */
+export class DockerodeClient implements DockerClient {
+  private readonly docker: Docker;
+
+  constructor(
+    options: { socketPath?: string; host?: string; port?: number; protocol?: "http" | "https" } = {},
+    private readonly count: DockerCallCounter = () => undefined,
+  ) {
+    this.docker = new Docker(options);
+  }
+
+  /** Builds a client from DOCKER_HOST (unix:// or tcp://) or the default socket. */
+  static fromEnv(dockerHost = process.env.DOCKER_HOST, count?: DockerCallCounter): DockerodeClient {
+    if (!dockerHost) return new DockerodeClient({ socketPath: "/var/run/docker.sock" }, count);
+    if (dockerHost.startsWith("unix://")) {
+      return new DockerodeClient({ socketPath: dockerHost.slice("unix://".length) }, count);
+    }
+    const url = new URL(dockerHost.replace(/^tcp:/, "http:"));
+    return new DockerodeClient(
+      { host: url.hostname, port: Number(url.port || 2375), protocol: url.protocol === "https:" ? "https" : "http" },
+      count,
+    );
+  }
+
+  private async call<T>(
+    operation: string,
+    timeoutMs: number,
+    signal: AbortSignal | undefined,
+    fn: (signal: AbortSignal) => Promise<T>,
+  ): Promise<T> {
+    try {
+      const result = await withDeadline(signal, timeoutMs, fn);
+      this.count(operation, "ok");
+      return result;
+    } catch (error) {
+      this.count(operation, "error");
+      throw mapDockerError(error, operation);
+    }
+  }
+
+  async ping(signal?: AbortSignal): Promise<void> {
+    // @types/dockerode lacks ping's options, but dockerode honours `abortSignal` there too.
+    const ping = this.docker.ping.bind(this.docker) as unknown as (opts: { abortSignal: AbortSignal }) => Promise<unknown>;
+    await this.call("ping", DOCKER_DEADLINES.ping, signal, (abortSignal) => ping({ abortSignal }));
+  }
+
+  async listTaskContainers(signal?: AbortSignal): Promise<TaskContainerSummary[]> {
+    const containers = await this.call("list", DOCKER_DEADLINES.list, signal, (abortSignal) =>
+      this.docker.listContainers({ all: true, filters: TASK_FILTER, abortSignal }),
+    );
+    return containers.map((c) => ({
+      id: c.Id,
+      name: (c.Names[0] ?? "").replace(/^\//, ""),
+      taskId: c.Labels[LABEL_TASK_ID] ?? "",
+      state: c.State as ContainerState,
+    }));
+  }
+
+  async inspectContainer(idOrName: string, signal?: AbortSignal): Promise<ContainerDetails | undefined> {
+    try {
+      const info = await this.call("inspect", DOCKER_DEADLINES.inspect, signal, (abortSignal) =>
+        this.docker.getContainer(idOrName).inspect({ abortSignal }),
+      );
+      return {
+        id: info.Id,
+        name: info.Name.replace(/^\//, ""),
+        taskId: info.Config.Labels?.[LABEL_TASK_ID] ?? "",
+        state: info.State.Status as ContainerState,
+        exitCode: info.State.ExitCode,
+        oomKilled: info.State.OOMKilled,
+        error: info.State.Error,
+        startedAt: info.State.StartedAt,
+        finishedAt: info.State.FinishedAt,
+        restartCount: info.RestartCount,
+        ports: extractPorts(info.NetworkSettings.Ports),
+        hostConfig: {
+          DeviceRequests: (info.HostConfig.DeviceRequests ?? null) as { DeviceIDs?: string[] }[] | null,
+          Devices: (info.HostConfig.Devices ?? null) as { PathOnHost?: string; PathInContainer?: string }[] | null,
+        },
+      };
+    } catch (error) {
+      if (error instanceof DockerNotFoundError) return undefined;
+      throw error;
+    }
+  }
+
+  async createContainer(spec: ContainerCreateSpec, signal?: AbortSignal): Promise<string> {
+    const container = await this.call("create", DOCKER_DEADLINES.create, signal, (abortSignal) =>
+      this.docker.createContainer({ ...spec.body, name: spec.name, abortSignal } as Docker.ContainerCreateOptions),
+    );
+    return container.id;
+  }
+
+  async startContainer(id: string, signal?: AbortSignal): Promise<void> {
+    try {
+      await this.call("start", DOCKER_DEADLINES.start, signal, (abortSignal) =>
+        this.docker.getContainer(id).start({ abortSignal }),
+      );
+    } catch (error) {
+      // 304: already started, which is what we asked for.
+      if ((error as { statusCode?: number }).statusCode === 304) return;
+      throw error;
+    }
+  }
+
+  async stopContainer(id: string, timeoutSeconds: number, signal?: AbortSignal): Promise<void> {
+    const deadline = timeoutSeconds * 1000 + DOCKER_DEADLINES.stopExtra;
+    try {
+      await this.call("stop", deadline, signal, (abortSignal) =>
+        this.docker.getContainer(id).stop({ t: timeoutSeconds, abortSignal }),
+      );
+    } catch (error) {
+      const status = (error as { statusCode?: number }).statusCode;
+      // 304: not running; 404: gone. Both mean "stopped".
+      if (status === 304 || error instanceof DockerNotFoundError) return;
+      throw error;
+    }
+  }
+
+  async removeContainer(id: string, signal?: AbortSignal): Promise<RemovalConfirmed> {
+    const started = Date.now();
+    const left = (): number => Math.max(0, DOCKER_DEADLINES.remove - (Date.now() - started));
+    try {
+      await this.call("remove", left(), signal, (abortSignal) =>
+        this.docker.getContainer(id).remove({ force: true, v: true, abortSignal }),
+      );
+      return "removed";
+    } catch (error) {
+      if (error instanceof DockerNotFoundError) return "already-absent";
+      if (!(error instanceof DockerConflictError) || !/already in progress/i.test(error.message)) {
+        throw new RemovalUnconfirmedError(id, { kind: "engine", detail: (error as Error).message }, { cause: error });
+      }
+    }
+    // "removal already in progress": poll until it is gone, within the same deadline.
+    while (left() > 0) {
+      try {
+        if ((await this.inspectContainer(id, signal)) === undefined) return "removed";
+      } catch {
+        // A failed inspect proves nothing; keep polling until the deadline.
+      }
+      await sleep(Math.min(REMOVAL_POLL_MS, left()));
+    }
+    throw new RemovalUnconfirmedError(id, { kind: "deadline", elapsedMs: Date.now() - started, cleanup: null });
+  }
+
+  async containerLogTail(id: string, lines: number, signal?: AbortSignal): Promise<string[]> {
+    const raw = await this.call("logs", DOCKER_DEADLINES.logs, signal, (abortSignal) =>
+      this.docker
+        .getContainer(id)
+        .logs({ stdout: true, stderr: true, tail: lines, follow: false, abortSignal }) as Promise<unknown>,
+    );
+    const buffer = Buffer.isBuffer(raw) ? raw : Buffer.from(String(raw));
+    return splitLogLines(demuxLogBuffer(buffer)).slice(-lines);
+  }
+
+  async imageExists(reference: string, signal?: AbortSignal): Promise<boolean> {
+    try {
+      await this.call("image-inspect", DOCKER_DEADLINES.image, signal, (abortSignal) =>
+        this.docker.getImage(reference).inspect({ abortSignal } as object),
+      );
+      return true;
+    } catch (error) {
+      if (error instanceof DockerNotFoundError) return false;
+      throw error;
+    }
+  }
+
+  async pullImage(reference: string, auth: PullAuth | undefined, signal: AbortSignal): Promise<Readable> {
+    try {
+      // fromImage carries the tag or digest, so the engine never pulls "all tags".
+      const stream = (await this.docker.createImage(auth ?? {}, {
+        fromImage: reference,
+        abortSignal: signal,
+      })) as Readable;
+      this.count("pull", "ok");
+      return stream;
+    } catch (error) {
+      this.count("pull", "error");
+      throw mapDockerError(error, "pull");
+    }
+  }
+
+  async *containerEvents(signal: AbortSignal): AsyncIterable<ContainerEvent> {
+    let stream: Readable;
+    try {
+      stream = (await this.docker.getEvents({
+        filters: { type: ["container"], ...TASK_FILTER },
+        abortSignal: signal,
+      })) as Readable;
+      this.count("events", "ok");
+    } catch (error) {
+      this.count("events", "error");
+      throw mapDockerError(error, "events");
+    }
+    const onAbort = (): void => {
+      stream.destroy();
+    };
+    signal.addEventListener("abort", onAbort, { once: true });
+    try {
+      for await (const line of createInterface({ input: stream, crlfDelay: Infinity })) {
+        const event = parseEvent(line);
+        if (event) yield event;
+      }
+    } finally {
+      signal.removeEventListener("abort", onAbort);
+      stream.destroy();
+    }
+  }
+}
+
+function parseEvent(line: string): ContainerEvent | undefined {
+  try {
+    const raw = JSON.parse(line) as { Action?: string; Actor?: { ID?: string; Attributes?: Record<string, string> } };
+    const taskId = raw.Actor?.Attributes?.[LABEL_TASK_ID];
+    if (!raw.Action || !raw.Actor?.ID || !taskId) return undefined;
+    return { action: raw.Action, containerId: raw.Actor.ID, taskId };
+  } catch {
+    return undefined;
+  }
+}
+
+/**
+ * Splits Docker's multiplexed log buffer (8-byte frame headers) into plain text, stdout and
+ * stderr interleaved as stored. A TTY container has no headers: the buffer is used as is.
+ */
+export function demuxLogBuffer(buffer: Buffer): string {
+  const parts: Buffer[] = [];
+  let offset = 0;
+  while (offset + 8 <= buffer.length) {
+    const stream = buffer[offset];
+    const size = buffer.readUInt32BE(offset + 4);
+    if ((stream !== 0 && stream !== 1 && stream !== 2) || buffer[offset + 1] !== 0) {
+      return buffer.toString("utf8");
+    }
+    parts.push(buffer.subarray(offset + 8, offset + 8 + size));
+    offset += 8 + size;
+  }
+  if (offset === 0 && buffer.length > 0) return buffer.toString("utf8");
+  return Buffer.concat(parts).toString("utf8");
+}
+
+/** Splits log text into lines without the trailing empty line. */
+export function splitLogLines(text: string): string[] {
+  const lines = text.split(/\r?\n/);
+  if (lines.at(-1) === "") lines.pop();
+  return lines;
+}
+
+/** Host port bindings (tcp, IPv4) from an inspect's NetworkSettings.Ports. */
+export function extractPorts(
+  ports: Record<string, { HostIp?: string; HostPort?: string }[] | null> | undefined | null,
+): PortMapping[] {
+  const mappings: PortMapping[] = [];
+  for (const [key, bindings] of Object.entries(ports ?? {})) {
+    const [port, proto] = key.split("/");
+    if (proto !== "tcp" || !bindings) continue;
+    for (const binding of bindings) {
+      if (binding.HostIp?.includes(":")) continue;
+      const host = Number(binding.HostPort);
+      const container = Number(port);
+      if (Number.isInteger(host) && host > 0 && Number.isInteger(container)) mappings.push({ host, container });
+    }
+  }
+  return mappings.sort((a, b) => a.container - b.container);
+}

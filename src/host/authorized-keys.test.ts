@@ -1,0 +1,341 @@
+import { chmod, lstat, mkdir, mkdtemp, readFile, readdir, rm, stat, symlink, writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { afterEach, beforeEach, describe, expect, it } from "vitest";
+import {
+  AuthorizedKeys,
+  AuthorizedKeysWriteError,
+  HostKeysReconciler,
+  InvalidPublicKeyError,
+  PUBLIC_KEY_MARKER,
+  UnknownUserError,
+  UnsafeAuthorizedKeysPathError,
+  UserKeysReconcileError,
+  canonicalizePublicKey,
+  composeAuthorizedKeys,
+  isShimEntry,
+  passwdUserLookup,
+  publicKeyFingerprint,
+  type UserAccount,
+  type UserLookup,
+} from "./authorized-keys.js";
+
+// Real keys made with ssh-keygen; the fingerprints are what `ssh-keygen -lf` printed.
+const ALICE =
+  "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIM3w4GVANxwykR9noGY7PCFNXEBbweA+ReD2IuJzgeUW alice@laptop";
+const BOB = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAII1MS7iRqDbzkLOAf8AtxRMav662TwVJ6YS9npFc/qVR bob";
+const CAROL =
+  "ecdsa-sha2-nistp256 AAAAE2VjZHNhLXNoYTItbmlzdHAyNTYAAAAIbmlzdHAyNTYAAABBBICmPe7vpeT0DQdCfHGV2FrDU7HJkZOuVtDyilCgwf3tF88QflKvDddmTs+Yi9LjvALdJBoCNPPULWSXxuEWjAg= carol";
+const DAVE =
+  "ssh-rsa AAAAB3NzaC1yc2EAAAADAQABAAAAgQDPznDhrKoAnuml22Qp0j5M98boPUghuqE1cNgb+14Gvg6ciy1krSsLzLht0gNkmdlV4Ejs0xnsP5FcCD3TXbjTeGlAmwmaDeu1JqwLMpAXburSaZUZZ9WG5W1uv9KgXzv1qNKw6oj80FvBNHK59Fmjs8l+y5NZV3USGnHpGOCnmw== dave";
+const [ALICE_TYPE = "", ALICE_B64 = ""] = ALICE.split(" ");
+
+describe("canonicalizePublicKey", () => {
+  it("appends the marker to the comment words", () => {
+    expect(canonicalizePublicKey(ALICE)).toBe(`${ALICE} ${PUBLIC_KEY_MARKER}`);
+    expect(canonicalizePublicKey(`  ${ALICE_TYPE}\t${ALICE_B64}   my \t key \n`)).toBe(
+      `${ALICE_TYPE} ${ALICE_B64} my key ${PUBLIC_KEY_MARKER}`,
+    );
+    expect(canonicalizePublicKey(`${ALICE_TYPE} ${ALICE_B64}`)).toBe(`${ALICE_TYPE} ${ALICE_B64} ${PUBLIC_KEY_MARKER}`);
+  });
+
+  it("accepts ed25519, ecdsa and rsa keys and is idempotent", () => {
+    for (const key of [ALICE, BOB, CAROL, DAVE]) {
+      const canonical = canonicalizePublicKey(key);
+      expect(canonicalizePublicKey(canonical)).toBe(canonical);
+      expect(isShimEntry(canonical)).toBe(true);
+    }
+  });
+
+  it.each([
+    ["no-pty", `no-pty ${ALICE}`],
+    ["a command", `command="echo hi there" ${ALICE}`],
+    ["restrict,from", `restrict,from="10.0.0.1" ${ALICE}`],
+  ])("rejects options (%s)", (_label, key) => {
+    expect(() => canonicalizePublicKey(key)).toThrow(new InvalidPublicKeyError("unexpected authorized_keys options"));
+  });
+
+  it.each([
+    ["two lines", `${ALICE}\n${BOB}`],
+    ["a carriage return", `${ALICE}\r${BOB}`],
+    ["an option smuggled on a second line", `${ALICE}\ncommand="sh" ${BOB}`],
+    ["a NUL", `${ALICE}\u0000${BOB}`],
+  ])("rejects more than one key: %s", (_label, key) => {
+    expect(() => canonicalizePublicKey(key)).toThrow(new InvalidPublicKeyError("more than one key in a single entry"));
+  });
+
+  it.each([
+    ["empty", ""],
+    ["blank", " \n"],
+    ["an unknown type", `ssh-foo ${ALICE_B64}`],
+    ["a certificate type", `ssh-ed25519-cert-v01@openssh.com ${ALICE_B64}`],
+    ["no key data", ALICE_TYPE],
+    ["bad base64", `${ALICE_TYPE} AAAA!!!!`],
+    ["non-canonical base64", CAROL.replace("Ag= carol", "Ah=")],
+    ["a mismatched type", `ssh-rsa ${ALICE_B64}`],
+    ["a truncated blob", `${ALICE_TYPE} ${Buffer.from(ALICE_B64, "base64").subarray(0, 40).toString("base64")}`],
+    ["trailing bytes", `${ALICE_TYPE} ${Buffer.concat([Buffer.from(ALICE_B64, "base64"), Buffer.alloc(4)]).toString("base64")}`],
+    ["a huge line", `${ALICE} ${"x".repeat(20_000)}`],
+  ])("rejects %s", (_label, key) => {
+    expect(() => canonicalizePublicKey(key)).toThrow(InvalidPublicKeyError);
+  });
+});
+
+describe("publicKeyFingerprint", () => {
+  it("matches ssh-keygen", () => {
+    expect(publicKeyFingerprint(ALICE)).toBe("SHA256:6fan6SpdS7z4Bn77ulGPIy2yd+Ks8E7pfhNdRQR8z6Y");
+    expect(publicKeyFingerprint(BOB)).toBe("SHA256:ooRMgzFkrF3MgA1hn2UjiAtK3vInFHjty8UqaiwCPV0");
+    expect(publicKeyFingerprint(CAROL)).toBe("SHA256:n81bqt4rhdDWiILVkaROBDt2Nk66tCCdEunv2oWgK4A");
+    expect(publicKeyFingerprint(DAVE)).toBe("SHA256:9agC2lnXsDnlbm7QqGROzoEXaCJLvI0AfbLgTq4yYHk");
+  });
+
+  it("ignores the comment and the marker", () => {
+    expect(publicKeyFingerprint(`${ALICE_TYPE} ${ALICE_B64} other`)).toBe(publicKeyFingerprint(ALICE));
+    expect(publicKeyFingerprint(canonicalizePublicKey(ALICE))).toBe(publicKeyFingerprint(ALICE));
+  });
+});
+
+describe("isShimEntry", () => {
+  it("matches the exact marker suffix only", () => {
+    expect(isShimEntry(`${ALICE} ${PUBLIC_KEY_MARKER} \t\r`)).toBe(true);
+    expect(isShimEntry(`${ALICE} # added by dstack`)).toBe(false);
+    expect(isShimEntry(`${ALICE} # added by dstack-shim2`)).toBe(false);
+    expect(isShimEntry(`${ALICE} x# added by dstack-shim`)).toBe(false);
+  });
+});
+
+describe("composeAuthorizedKeys", () => {
+  it("keeps an unterminated last line unterminated unless entries follow", () => {
+    expect(composeAuthorizedKeys(Buffer.from("a\nb"), []).toString()).toBe("a\nb");
+    expect(composeAuthorizedKeys(Buffer.from("a\nb"), ["k"]).toString()).toBe("a\nb\nk\n");
+    expect(composeAuthorizedKeys(Buffer.from(`a\nx ${PUBLIC_KEY_MARKER}`), []).toString()).toBe("a\n");
+    expect(composeAuthorizedKeys(Buffer.from(""), []).length).toBe(0);
+    expect(composeAuthorizedKeys(Buffer.from("\n\n"), []).toString()).toBe("\n\n");
+  });
+});
+
+describe("passwdUserLookup", () => {
+  let dir: string;
+  beforeEach(async () => {
+    dir = await mkdtemp(join(tmpdir(), "passwd-"));
+  });
+  afterEach(async () => {
+    await rm(dir, { recursive: true, force: true });
+  });
+
+  it("finds users and rejects unknown ones", async () => {
+    const path = join(dir, "passwd");
+    await writeFile(
+      path,
+      [
+        "root:x:0:0:root:/root:/bin/bash",
+        "# a comment",
+        "broken:line",
+        "ubuntu:x:1000:1001:Ubuntu,,,:/home/ubuntu:/bin/bash",
+        "",
+      ].join("\n"),
+    );
+    const lookup = passwdUserLookup(path);
+    await expect(lookup("ubuntu")).resolves.toEqual({ name: "ubuntu", home: "/home/ubuntu", uid: 1000, gid: 1001 });
+    await expect(lookup("root")).resolves.toMatchObject({ uid: 0, home: "/root" });
+    await expect(lookup("ghost")).rejects.toBeInstanceOf(UnknownUserError);
+    await expect(lookup("broken")).rejects.toBeInstanceOf(UnknownUserError);
+  });
+});
+
+describe("AuthorizedKeys.reconcile", () => {
+  let root: string;
+  let home: string;
+  let file: string;
+  let lookup: UserLookup;
+  let logged: string[];
+  let ak: AuthorizedKeys;
+  const uid = process.getuid?.() ?? 0;
+  const gid = process.getgid?.() ?? 0;
+
+  beforeEach(async () => {
+    root = await mkdtemp(join(tmpdir(), "ak-"));
+    home = join(root, "ubuntu");
+    await mkdir(home);
+    file = join(home, ".ssh", "authorized_keys");
+    const accounts: Record<string, UserAccount> = { ubuntu: { name: "ubuntu", home, uid, gid } };
+    lookup = (name) => {
+      const account = accounts[name];
+      return account ? Promise.resolve(account) : Promise.reject(new UnknownUserError(`unknown user: ${name}`));
+    };
+    logged = [];
+    ak = new AuthorizedKeys(lookup, (msg) => logged.push(msg));
+  });
+  afterEach(async () => {
+    await rm(root, { recursive: true, force: true });
+  });
+
+  const seed = async (content: string | Buffer, mode = 0o600): Promise<void> => {
+    await mkdir(join(home, ".ssh"), { recursive: true, mode: 0o700 });
+    await writeFile(file, content);
+    await chmod(file, mode);
+  };
+  const read = () => readFile(file, "utf8");
+
+  it("creates ~/.ssh (0700) and the file (0600) when there are keys", async () => {
+    await ak.reconcile("ubuntu", [ALICE]);
+    expect(await read()).toBe(`${ALICE} ${PUBLIC_KEY_MARKER}\n`);
+    const dirStat = await stat(join(home, ".ssh"));
+    expect(dirStat.mode & 0o777).toBe(0o700);
+    expect(dirStat.uid).toBe(uid);
+    const fileStat = await stat(file);
+    expect(fileStat.mode & 0o777).toBe(0o600);
+    expect([fileStat.uid, fileStat.gid]).toEqual([uid, gid]);
+    expect(await readdir(join(home, ".ssh"))).toEqual(["authorized_keys"]);
+  });
+
+  it("creates nothing when there is nothing to write", async () => {
+    await ak.reconcile("ubuntu", []);
+    await expect(lstat(join(home, ".ssh"))).rejects.toMatchObject({ code: "ENOENT" });
+    await ak.reconcile("ubuntu", ["not a key"]);
+    await expect(lstat(join(home, ".ssh"))).rejects.toMatchObject({ code: "ENOENT" });
+    expect(logged).toEqual(["skipping invalid host SSH key"]);
+  });
+
+  it("keeps unmarked lines byte-identical and in order, with the original mode", async () => {
+    const original = Buffer.concat([
+      Buffer.from(`# managed by hand\n${BOB}\n\ncommand="backup" ${CAROL}\r\n`),
+      Buffer.from([0xff, 0xfe, 0x20, 0x6b, 0x0a]), // not UTF-8
+      Buffer.from(`${DAVE} # added by dstack\n  trailing spaces  \n${ALICE} ${PUBLIC_KEY_MARKER}\nlast line`),
+    ]);
+    await seed(original, 0o640);
+    await ak.reconcile("ubuntu", [ALICE, BOB]);
+    const expectedKept = original.subarray(0, original.indexOf(`${ALICE} ${PUBLIC_KEY_MARKER}`));
+    const after = await readFile(file);
+    expect(after.subarray(0, expectedKept.length).equals(expectedKept)).toBe(true);
+    expect(after.subarray(expectedKept.length).toString()).toBe(
+      `last line\n${ALICE} ${PUBLIC_KEY_MARKER}\n${BOB} ${PUBLIC_KEY_MARKER}\n`,
+    );
+    expect((await stat(file)).mode & 0o777).toBe(0o640);
+
+    await ak.reconcile("ubuntu", []);
+    // The unterminated last line gained its newline when entries were appended after it.
+    const unmarked = Buffer.concat([expectedKept, Buffer.from("last line\n")]);
+    expect((await readFile(file)).equals(unmarked)).toBe(true);
+  });
+
+  it("never claims the server's '# added by dstack' keys", async () => {
+    await seed(`${ALICE} # added by dstack\n`);
+    await ak.reconcile("ubuntu", [ALICE]);
+    await ak.reconcile("ubuntu", []);
+    expect(await read()).toBe(`${ALICE} # added by dstack\n`);
+  });
+
+  it("deduplicates by fingerprint and skips invalid keys", async () => {
+    await ak.reconcile("ubuntu", [ALICE, `${ALICE_TYPE} ${ALICE_B64} same key`, `no-pty ${BOB}`, `${ALICE}\n${BOB}`, BOB]);
+    expect(await read()).toBe(`${ALICE} ${PUBLIC_KEY_MARKER}\n${BOB} ${PUBLIC_KEY_MARKER}\n`);
+    expect(logged).toHaveLength(2);
+  });
+
+  it("does not rewrite an unchanged file", async () => {
+    await seed(`${BOB}\n${ALICE} ${PUBLIC_KEY_MARKER}\n`);
+    const before = await stat(file);
+    await ak.reconcile("ubuntu", [ALICE]);
+    expect((await stat(file)).ino).toBe(before.ino);
+  });
+
+  it("empties a file that held only shim entries, rather than deleting it", async () => {
+    await seed(`${ALICE} ${PUBLIC_KEY_MARKER}\n${BOB} ${PUBLIC_KEY_MARKER}\n`);
+    await ak.reconcile("ubuntu", []);
+    expect(await read()).toBe("");
+  });
+
+  it("refuses symlinks for the file and for ~/.ssh", async () => {
+    const victim = join(root, "victim");
+    await writeFile(victim, "secret\n");
+    await mkdir(join(home, ".ssh"), { mode: 0o700 });
+    await symlink(victim, file);
+    await expect(ak.reconcile("ubuntu", [ALICE])).rejects.toBeInstanceOf(UnsafeAuthorizedKeysPathError);
+    await rm(join(home, ".ssh"), { recursive: true });
+    const elsewhere = join(root, "elsewhere");
+    await mkdir(elsewhere);
+    await symlink(elsewhere, join(home, ".ssh"));
+    await expect(ak.reconcile("ubuntu", [ALICE])).rejects.toBeInstanceOf(UnsafeAuthorizedKeysPathError);
+    expect(await readFile(victim, "utf8")).toBe("secret\n");
+    expect(await readdir(elsewhere)).toEqual([]);
+  });
+
+  it("replaces a leftover temp file, even a planted symlink, without writing through it", async () => {
+    const victim = join(root, "victim");
+    await writeFile(victim, "secret\n");
+    await seed(`${BOB}\n`);
+    await symlink(victim, join(home, ".ssh", "authorized_keys.tmp"));
+    await ak.reconcile("ubuntu", [ALICE]);
+    expect(await read()).toBe(`${BOB}\n${ALICE} ${PUBLIC_KEY_MARKER}\n`);
+    expect(await readFile(victim, "utf8")).toBe("secret\n");
+    expect(await readdir(join(home, ".ssh"))).toEqual(["authorized_keys"]);
+  });
+
+  it("leaves the old file and no temp file when the write fails", async () => {
+    await seed(`${BOB}\n`);
+    const broken = new AuthorizedKeys(() => Promise.resolve({ name: "ubuntu", home, uid: 2 ** 33, gid }));
+    await expect(broken.reconcile("ubuntu", [ALICE])).rejects.toBeInstanceOf(AuthorizedKeysWriteError);
+    expect(await read()).toBe(`${BOB}\n`);
+    expect(await readdir(join(home, ".ssh"))).toEqual(["authorized_keys"]);
+  });
+
+  it("propagates an unknown user", async () => {
+    await expect(ak.reconcile("ghost", [ALICE])).rejects.toBeInstanceOf(UnknownUserError);
+  });
+
+  describe("HostKeysReconciler", () => {
+    it("keeps a key shared by two tasks while one of them remains (#4174)", async () => {
+      await seed(`${ALICE}\n`); // the same key, added by hand: never ours to remove
+      const reconciler = new HostKeysReconciler(ak);
+      await reconciler.reconcile(new Map([["ubuntu", [ALICE, BOB, ALICE]]])); // tasks 1 and 2 share ALICE
+      expect(await read()).toBe(`${ALICE}\n${ALICE} ${PUBLIC_KEY_MARKER}\n${BOB} ${PUBLIC_KEY_MARKER}\n`);
+      await reconciler.reconcile(new Map([["ubuntu", [ALICE]]])); // task 1 (ALICE, BOB) ended
+      expect(await read()).toBe(`${ALICE}\n${ALICE} ${PUBLIC_KEY_MARKER}\n`);
+      await reconciler.reconcile(new Map([["ubuntu", []]])); // task 2 ended
+      expect(await read()).toBe(`${ALICE}\n`);
+    });
+
+    it("runs one reconcile at a time, in call order", async () => {
+      const events: string[] = [];
+      let active = 0;
+      class SlowKeys extends AuthorizedKeys {
+        override async reconcile(user: string, keys: readonly string[]): Promise<void> {
+          active += 1;
+          expect(active).toBe(1);
+          events.push(`start ${keys.length}`);
+          await new Promise((resolve) => setTimeout(resolve, 5));
+          await super.reconcile(user, keys);
+          events.push(`end ${keys.length}`);
+          active -= 1;
+        }
+      }
+      const reconciler = new HostKeysReconciler(new SlowKeys(lookup));
+      await Promise.all([
+        reconciler.reconcile(new Map([["ubuntu", [ALICE]]])),
+        reconciler.reconcile(new Map([["ubuntu", [ALICE, BOB]]])),
+        reconciler.reconcile(new Map([["ubuntu", [BOB]]])),
+      ]);
+      expect(events).toEqual(["start 1", "end 1", "start 2", "end 2", "start 1", "end 1"]);
+      expect(await read()).toBe(`${BOB} ${PUBLIC_KEY_MARKER}\n`);
+    });
+
+    it("reconciles every user and joins the failures into one AggregateError", async () => {
+      const reconciler = new HostKeysReconciler(ak);
+      const failure = reconciler.reconcile(
+        new Map([
+          ["ghost", [ALICE]],
+          ["ubuntu", [BOB]],
+        ]),
+      );
+      await expect(failure).rejects.toBeInstanceOf(AggregateError);
+      const error = (await failure.catch((e: unknown) => e)) as AggregateError;
+      expect(error.errors).toHaveLength(1);
+      expect(error.errors[0]).toBeInstanceOf(UserKeysReconcileError);
+      expect((error.errors[0] as UserKeysReconcileError).user).toBe("ghost");
+      expect((error.errors[0] as UserKeysReconcileError).cause).toBeInstanceOf(UnknownUserError);
+      expect(await read()).toBe(`${BOB} ${PUBLIC_KEY_MARKER}\n`);
+      await reconciler.reconcile(new Map([["ubuntu", []]]));
+      expect(await read()).toBe("");
+    });
+  });
+});

@@ -1,0 +1,414 @@
+import { createHash } from "node:crypto";
+import { constants } from "node:fs";
+import { lstat, mkdir, open, readFile, rename, rm, type FileHandle } from "node:fs/promises";
+import { dirname, join } from "node:path";
+
+/** Appended to the comment of every entry the shim writes; only such entries are ever removed. */
+export const PUBLIC_KEY_MARKER = "# added by dstack-shim";
+
+/** A public key the shim refuses to write. */
+export class InvalidPublicKeyError extends Error {
+  override readonly name = "InvalidPublicKeyError";
+}
+
+/** The user is not in the passwd database. */
+export class UnknownUserError extends Error {
+  override readonly name = "UnknownUserError";
+}
+
+/** `~/.ssh` or `authorized_keys` is a symlink or not what it should be; the shim will not follow it. */
+export class UnsafeAuthorizedKeysPathError extends Error {
+  override readonly name = "UnsafeAuthorizedKeysPathError";
+}
+
+/** Reading or atomically replacing `authorized_keys` failed; the old file is untouched. */
+export class AuthorizedKeysWriteError extends Error {
+  override readonly name = "AuthorizedKeysWriteError";
+}
+
+/** Reconciling one user's keys failed (an entry of the `AggregateError` of {@link HostKeysReconciler}). */
+export class UserKeysReconcileError extends Error {
+  override readonly name = "UserKeysReconcileError";
+  constructor(
+    readonly user: string,
+    options: ErrorOptions,
+  ) {
+    super(`reconcile authorized_keys of ${user}: ${(options.cause as Error | undefined)?.message ?? "failed"}`, options);
+  }
+}
+
+const MARKER_SUFFIX = ` ${PUBLIC_KEY_MARKER}`;
+const MARKER_WORDS = PUBLIC_KEY_MARKER.split(" ");
+const MAX_KEY_LINE = 16 * 1024;
+/** Plain key types only: certificates belong behind `cert-authority`, which is an option. */
+const KEY_TYPES: ReadonlySet<string> = new Set([
+  "ssh-ed25519",
+  "ssh-rsa",
+  "ssh-dss",
+  "ecdsa-sha2-nistp256",
+  "ecdsa-sha2-nistp384",
+  "ecdsa-sha2-nistp521",
+  "sk-ssh-ed25519@openssh.com",
+  "sk-ecdsa-sha2-nistp256@openssh.com",
+]);
+const ECDSA_POINT_BYTES: Readonly<Record<string, number>> = { nistp256: 65, nistp384: 97, nistp521: 133 };
+
+interface ParsedKey {
+  readonly type: string;
+  readonly base64: string;
+  readonly blob: Buffer;
+  readonly comment: readonly string[];
+}
+
+function invalid(message: string): never {
+  throw new InvalidPublicKeyError(message);
+}
+
+/** The length-prefixed strings of an SSH wire blob, or undefined when it is not exactly that. */
+function wireStrings(blob: Buffer): Buffer[] | undefined {
+  const parts: Buffer[] = [];
+  let offset = 0;
+  while (offset < blob.length) {
+    if (offset + 4 > blob.length) return undefined;
+    const length = blob.readUInt32BE(offset);
+    if (offset + 4 + length > blob.length) return undefined;
+    parts.push(blob.subarray(offset + 4, offset + 4 + length));
+    offset += 4 + length;
+  }
+  return parts;
+}
+
+function checkKeyBlob(type: string, blob: Buffer): void {
+  const parts = wireStrings(blob);
+  if (parts === undefined || parts[0]?.toString("latin1") !== type) {
+    invalid(`public key data does not match its type ${type}`);
+  }
+  const sizes = parts.map((part) => part.length);
+  const curveOk = (curve: Buffer | undefined, point: Buffer | undefined) =>
+    curve !== undefined &&
+    type.includes(curve.toString("latin1")) &&
+    point?.length === ECDSA_POINT_BYTES[curve.toString("latin1")] &&
+    point?.[0] === 0x04;
+  const ok = ((): boolean => {
+    switch (type) {
+      case "ssh-ed25519":
+        return parts.length === 2 && sizes[1] === 32;
+      case "sk-ssh-ed25519@openssh.com":
+        return parts.length === 3 && sizes[1] === 32 && (sizes[2] ?? 0) > 0;
+      case "ssh-rsa":
+        return parts.length === 3 && (sizes[1] ?? 0) > 0 && (sizes[2] ?? 0) > 0;
+      case "ssh-dss":
+        return parts.length === 5 && sizes.every((size) => size > 0);
+      case "sk-ecdsa-sha2-nistp256@openssh.com":
+        return parts.length === 4 && curveOk(parts[1], parts[2]) && (sizes[3] ?? 0) > 0;
+      default:
+        return parts.length === 3 && curveOk(parts[1], parts[2]);
+    }
+  })();
+  if (!ok) invalid(`malformed ${type} public key`);
+}
+
+function parsePublicKey(key: string): ParsedKey {
+  if (key.length > MAX_KEY_LINE) invalid("public key is too long");
+  const line = key.trim();
+  if (/[\r\n]/.test(line) || line.includes("\0")) invalid("more than one key in a single entry");
+  if (line === "") invalid("empty public key");
+  const fields = line.split(/[ \t]+/);
+  const [type = "", base64, ...comment] = fields;
+  if (!KEY_TYPES.has(type)) {
+    if (fields.slice(1).some((word) => KEY_TYPES.has(word))) invalid("unexpected authorized_keys options");
+    invalid(`unsupported public key type ${JSON.stringify(type.slice(0, 64))}`);
+  }
+  if (base64 === undefined) invalid("public key data is missing");
+  if (!/^[A-Za-z0-9+/]+={0,2}$/.test(base64) || base64.length % 4 !== 0) invalid("public key data is not base64");
+  const blob = Buffer.from(base64, "base64");
+  if (blob.toString("base64") !== base64) invalid("public key data is not canonical base64");
+  checkKeyBlob(type, blob);
+  // Strip a marker already present, so canonicalising a canonical entry changes nothing.
+  let words = comment;
+  while (words.length >= MARKER_WORDS.length && words.slice(-MARKER_WORDS.length).join(" ") === PUBLIC_KEY_MARKER) {
+    words = words.slice(0, -MARKER_WORDS.length);
+  }
+  return { type, base64, blob, comment: words };
+}
+
+/**
+ * Parses one OpenSSH public key line (`<type> <base64> [comment]`) and returns the entry the shim
+ * writes: `"<type> <base64> <comment words…> # added by dstack-shim"`. Parsed by hand: the type
+ * must be a known plain key type, the base64 must decode to a blob whose first string is that
+ * type and whose fields fit it. Idempotent.
+ *
+ * @throws InvalidPublicKeyError for options (`unexpected authorized_keys options`), a second line
+ *   or a NUL (`more than one key in a single entry`), or anything malformed.
+ */
+export function canonicalizePublicKey(key: string): string {
+  const parsed = parsePublicKey(key);
+  return [parsed.type, parsed.base64, ...parsed.comment, PUBLIC_KEY_MARKER].join(" ");
+}
+
+/**
+ * The SHA256 fingerprint of a public key as `ssh-keygen -l` prints it: `SHA256:` and the
+ * unpadded base64 of the digest of the key blob. Comments and the marker do not matter.
+ *
+ * @throws InvalidPublicKeyError as {@link canonicalizePublicKey} does.
+ */
+export function publicKeyFingerprint(key: string): string {
+  const digest = createHash("sha256").update(parsePublicKey(key).blob).digest("base64");
+  return `SHA256:${digest.replace(/=+$/, "")}`;
+}
+
+/** A host account, as far as `authorized_keys` cares. */
+export interface UserAccount {
+  readonly name: string;
+  readonly home: string;
+  readonly uid: number;
+  readonly gid: number;
+}
+
+/** Finds a host account by name; rejects with `UnknownUserError` when there is none. */
+export type UserLookup = (name: string) => Promise<UserAccount>;
+
+/**
+ * A {@link UserLookup} over a passwd file (`name:password:uid:gid:gecos:home:shell`), read on every
+ * call so accounts added after startup are found. Comments and malformed lines are skipped.
+ */
+export function passwdUserLookup(passwdPath = "/etc/passwd"): UserLookup {
+  return async function lookupInPasswd(name: string): Promise<UserAccount> {
+    const content = await readFile(passwdPath, "utf8");
+    for (const line of content.split("\n")) {
+      const fields = line.split(":");
+      if (fields.length < 7 || fields[0] !== name) continue;
+      const [, , uid = "", gid = "", , home = ""] = fields;
+      if (!/^\d+$/.test(uid) || !/^\d+$/.test(gid) || !home.startsWith("/")) continue;
+      return { name, home, uid: Number(uid), gid: Number(gid) };
+    }
+    throw new UnknownUserError(`unknown user: ${name}`);
+  };
+}
+
+/** Whether an `authorized_keys` line was written by a shim (its right-trimmed text ends with the marker). */
+export function isShimEntry(line: string): boolean {
+  return line.replace(/[ \t\r]+$/, "").endsWith(MARKER_SUFFIX);
+}
+
+const NEWLINE = 0x0a;
+
+/**
+ * The new `authorized_keys` content: every line that is not a shim entry, byte for byte and in
+ * order, then `entries` (already canonical), one per line. A final line without a newline keeps
+ * lacking it unless entries follow it.
+ */
+export function composeAuthorizedKeys(current: Buffer, entries: readonly string[]): Buffer {
+  const lines: Buffer[] = [];
+  for (let start = 0; start < current.length; ) {
+    const end = current.indexOf(NEWLINE, start);
+    lines.push(current.subarray(start, end === -1 ? current.length : end));
+    start = end === -1 ? current.length : end + 1;
+  }
+  const kept = lines.filter((line) => !isShimEntry(line.toString("latin1")));
+  const lastLineKept = lines.length > 0 && kept.at(-1) === lines.at(-1);
+  const unterminated = current.length > 0 && current[current.length - 1] !== NEWLINE;
+  const parts = [...kept, ...entries.map((entry) => Buffer.from(entry, "utf8"))];
+  const out: Buffer[] = [];
+  parts.forEach((part, i) => {
+    out.push(part);
+    const last = i === parts.length - 1;
+    if (!last || !(unterminated && lastLineKept && entries.length === 0)) out.push(Buffer.of(NEWLINE));
+  });
+  return Buffer.concat(out);
+}
+
+type CurrentFile =
+  | { readonly exists: false }
+  | { readonly exists: true; readonly content: Buffer; readonly mode: number };
+
+async function readCurrent(path: string): Promise<CurrentFile> {
+  let handle: FileHandle;
+  try {
+    handle = await open(path, constants.O_RDONLY | constants.O_NOFOLLOW);
+  } catch (error) {
+    const code = (error as NodeJS.ErrnoException).code;
+    if (code === "ENOENT") return { exists: false };
+    if (code === "ELOOP") throw new UnsafeAuthorizedKeysPathError(`${path} is a symlink`, { cause: error });
+    throw new AuthorizedKeysWriteError(`cannot read ${path}: ${(error as Error).message}`, { cause: error });
+  }
+  try {
+    const stat = await handle.stat();
+    if (!stat.isFile()) throw new UnsafeAuthorizedKeysPathError(`${path} is not a regular file`);
+    return { exists: true, content: await handle.readFile(), mode: stat.mode & 0o7777 };
+  } finally {
+    await handle.close();
+  }
+}
+
+async function fsyncDirectory(path: string): Promise<void> {
+  const handle = await open(path, constants.O_RDONLY | constants.O_DIRECTORY);
+  try {
+    await handle.sync();
+  } finally {
+    await handle.close();
+  }
+}
+
+/** Whether `~/.ssh` exists; refuses a symlink, since root would then read and write elsewhere. */
+async function sshDirExists(sshDir: string): Promise<boolean> {
+  try {
+    const stat = await lstat(sshDir);
+    if (stat.isSymbolicLink()) throw new UnsafeAuthorizedKeysPathError(`${sshDir} is a symlink`);
+    if (!stat.isDirectory()) throw new UnsafeAuthorizedKeysPathError(`${sshDir} is not a directory`);
+    return true;
+  } catch (error) {
+    if ((error as NodeJS.ErrnoException).code === "ENOENT") return false;
+    throw error;
+  }
+}
+
+async function createSshDir(sshDir: string, account: UserAccount): Promise<void> {
+  try {
+    await mkdir(sshDir, { mode: 0o700 });
+    const handle = await open(sshDir, constants.O_RDONLY | constants.O_DIRECTORY | constants.O_NOFOLLOW);
+    try {
+      // mkdir's mode is filtered by the umask; sshd wants exactly 0700.
+      await handle.chmod(0o700);
+      await handle.chown(account.uid, account.gid);
+    } finally {
+      await handle.close();
+    }
+    await fsyncDirectory(dirname(sshDir));
+  } catch (error) {
+    throw new AuthorizedKeysWriteError(`cannot create ${sshDir}: ${(error as Error).message}`, { cause: error });
+  }
+}
+
+/**
+ * The shim's entries in one user's `~/.ssh/authorized_keys` (§8.4, the landed design). The file is
+ * only ever replaced atomically, so a shim killed mid-update leaves the old file or the new one,
+ * never a truncated one (S8), and lines the shim did not write are kept byte for byte.
+ */
+export class AuthorizedKeys {
+  constructor(
+    private readonly lookup: UserLookup,
+    private readonly log?: (msg: string, fields?: object) => void,
+  ) {}
+
+  /**
+   * Makes the shim entries of `user` exactly `keys` (canonicalised, deduplicated by fingerprint;
+   * invalid keys are logged and skipped). Nothing is written when the content is unchanged, and a
+   * missing file is not created empty. A file that held only shim entries becomes empty: it
+   * existed, so writing what remains is the honest result, and it is done atomically.
+   *
+   * @throws UnknownUserError from the lookup, UnsafeAuthorizedKeysPathError when `~/.ssh` or the
+   *   file is a symlink, AuthorizedKeysWriteError when reading or replacing the file failed.
+   */
+  async reconcile(user: string, keys: readonly string[]): Promise<void> {
+    const account = await this.lookup(user);
+    const sshDir = join(account.home, ".ssh");
+    const path = join(sshDir, "authorized_keys");
+    const entries = this.entriesFor(user, keys);
+    const dirExists = await sshDirExists(sshDir);
+    const current: CurrentFile = dirExists ? await readCurrent(path) : { exists: false };
+    const next = composeAuthorizedKeys(current.exists ? current.content : Buffer.alloc(0), entries);
+    if (current.exists ? next.equals(current.content) : next.length === 0) return;
+    if (!dirExists) await createSshDir(sshDir, account);
+    await replaceAtomically(sshDir, path, next, current.exists ? current.mode : 0o600, account);
+  }
+
+  private entriesFor(user: string, keys: readonly string[]): string[] {
+    const entries: string[] = [];
+    const seen = new Set<string>();
+    for (const key of keys) {
+      let entry: string;
+      let fingerprint: string;
+      try {
+        entry = canonicalizePublicKey(key);
+        fingerprint = publicKeyFingerprint(key);
+      } catch (error) {
+        if (!(error instanceof InvalidPublicKeyError)) throw error;
+        this.log?.("skipping invalid host SSH key", { user, error: error.message });
+        continue;
+      }
+      if (seen.has(fingerprint)) continue;
+      seen.add(fingerprint);
+      entries.push(entry);
+    }
+    return entries;
+  }
+}
+
+async function replaceAtomically(
+  sshDir: string,
+  path: string,
+  content: Buffer,
+  mode: number,
+  account: UserAccount,
+): Promise<void> {
+  // A fixed name, so a temp file left by a killed shim is reused; O_EXCL|O_NOFOLLOW because the
+  // user owns ~/.ssh and could plant a symlink there for root to write through.
+  const temp = join(sshDir, "authorized_keys.tmp");
+  let handle: FileHandle | undefined;
+  try {
+    await rm(temp, { force: true });
+    handle = await open(
+      temp,
+      constants.O_WRONLY | constants.O_CREAT | constants.O_EXCL | constants.O_NOFOLLOW,
+      0o600,
+    );
+    await handle.writeFile(content);
+    await handle.chmod(mode);
+    await handle.chown(account.uid, account.gid);
+    await handle.sync();
+    await handle.close();
+    handle = undefined;
+    await rename(temp, path);
+  } catch (error) {
+    await handle?.close().catch(() => undefined);
+    await rm(temp, { force: true }).catch(() => undefined);
+    throw new AuthorizedKeysWriteError(`cannot replace ${path}: ${(error as Error).message}`, { cause: error });
+  }
+  try {
+    await fsyncDirectory(sshDir);
+  } catch (error) {
+    throw new AuthorizedKeysWriteError(`cannot sync ${sshDir}: ${(error as Error).message}`, { cause: error });
+  }
+}
+
+/**
+ * Reconciles host keys for many users, one reconcile at a time: each `authorized_keys` update is a
+ * read-modify-write, and two interleaved ones would lose an entry. The map is the complete truth
+ * (the union of the host keys of every live task, per user; a user mapped to no keys loses all
+ * shim entries).
+ */
+export class HostKeysReconciler {
+  private tail: Promise<void> = Promise.resolve();
+
+  constructor(private readonly ak: AuthorizedKeys) {}
+
+  /**
+   * Reconciles every user in `keysByUser`, after any reconcile already running.
+   *
+   * @throws AggregateError of {@link UserKeysReconcileError}s, one per user that failed; the other
+   *   users are still reconciled.
+   */
+  reconcile(keysByUser: ReadonlyMap<string, readonly string[]>): Promise<void> {
+    const run = this.tail.then(() => this.reconcileAll(keysByUser));
+    this.tail = run.catch(() => undefined);
+    return run;
+  }
+
+  private async reconcileAll(keysByUser: ReadonlyMap<string, readonly string[]>): Promise<void> {
+    const errors: UserKeysReconcileError[] = [];
+    for (const [user, keys] of keysByUser) {
+      try {
+        await this.ak.reconcile(user, keys);
+      } catch (error) {
+        errors.push(new UserKeysReconcileError(user, { cause: error }));
+      }
+    }
+    if (errors.length > 0) {
+      throw new AggregateError(
+        errors,
+        `failed to reconcile authorized_keys of ${errors.map((e) => e.user).join(", ")}`,
+      );
+    }
+  }
+}

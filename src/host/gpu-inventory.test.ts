@@ -1,0 +1,377 @@
+import { mkdtemp, rm, writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { afterEach, beforeEach, describe, expect, it } from "vitest";
+import {
+  CommandLaunchError,
+  type BoundedOutcome,
+  type CommandRequest,
+  type CommandRunner,
+} from "../exec/run-bounded.js";
+import {
+  GpuDetectionError,
+  GpuFixtureError,
+  UnknownGpuIdError,
+  detectGpus,
+  gpuContainerConfig,
+  gpuIdsFromContainer,
+  parseAmdSmiStatic,
+  parseNvidiaSmiCsv,
+  type GpuInventory,
+} from "./gpu-inventory.js";
+
+class FakeRunner implements CommandRunner {
+  readonly calls: CommandRequest[] = [];
+  constructor(private readonly script: (argv: readonly string[]) => BoundedOutcome | Error) {}
+  run(request: CommandRequest): Promise<BoundedOutcome> {
+    this.calls.push(request);
+    const result = this.script(request.argv);
+    return result instanceof Error ? Promise.reject(result) : Promise.resolve(result);
+  }
+  argvs(): string[] {
+    return this.calls.map((call) => call.argv.join(" "));
+  }
+}
+
+const exited = (code: number, stdout = "", stderr = ""): BoundedOutcome => ({
+  kind: "exited",
+  code,
+  signal: null,
+  stdout: Buffer.from(stdout),
+  stderr: Buffer.from(stderr),
+});
+const expired: BoundedOutcome = { kind: "expired", kill: { ok: true }, operationElapsedMs: 10_000, cleanup: null };
+const missing = () => new CommandLaunchError("cannot start: ENOENT");
+
+const NVIDIA_SMI = [
+  "GPU-2b79666e-d81f-f3f8-fd47-9903f118c3f5, NVIDIA H100 80GB HBM3, 81559, 570.86.15, 1",
+  "GPU-0a1b2c3d-0000-1111-2222-333344445555, NVIDIA H100 80GB HBM3, 81559, 570.86.15, 0",
+  "",
+].join("\n");
+
+const AMD_SMI_ROCM6 = JSON.stringify([
+  {
+    gpu: 0,
+    asic: { market_name: "AMD Instinct MI300X", vendor_id: "0x1002" },
+    bus: { bdf: "0000:0c:00.0", max_pcie_width: 16 },
+    vram: { type: "HBM", vendor: "N/A", size: { value: 196592, unit: "MB" } },
+    driver: { name: "amdgpu", version: "6.8.5" },
+  },
+  {
+    gpu: 1,
+    asic: { market_name: "AMD Instinct MI300X" },
+    bus: { bdf: "0000:22:00.0" },
+    vram: { size: { value: 196592, unit: "MB" } },
+    driver: { name: "amdgpu", version: "6.8.5" },
+  },
+]);
+
+describe("parseNvidiaSmiCsv", () => {
+  it("parses uuid, name, memory, driver and index, sorted by index", () => {
+    expect(parseNvidiaSmiCsv(NVIDIA_SMI)).toEqual([
+      {
+        vendor: "nvidia",
+        name: "NVIDIA H100 80GB HBM3",
+        vramMiB: 81559,
+        id: "GPU-0a1b2c3d-0000-1111-2222-333344445555",
+        index: 0,
+        driverVersion: "570.86.15",
+      },
+      {
+        vendor: "nvidia",
+        name: "NVIDIA H100 80GB HBM3",
+        vramMiB: 81559,
+        id: "GPU-2b79666e-d81f-f3f8-fd47-9903f118c3f5",
+        index: 1,
+        driverVersion: "570.86.15",
+      },
+    ]);
+  });
+
+  it("keeps commas in names and maps placeholders to 0 and empty", () => {
+    const [gpu] = parseNvidiaSmiCsv("GPU-abc, Tesla, Rev B, [N/A], [N/A], 3\r\n");
+    expect(gpu).toMatchObject({ name: "Tesla, Rev B", vramMiB: 0, driverVersion: "", index: 3 });
+  });
+
+  it("returns nothing for empty output and rejects malformed lines", () => {
+    expect(parseNvidiaSmiCsv("\n")).toEqual([]);
+    expect(() => parseNvidiaSmiCsv("No devices were found")).toThrow(GpuDetectionError);
+    expect(() => parseNvidiaSmiCsv("GPU-a, name, 1, 2, x")).toThrow(GpuDetectionError);
+  });
+});
+
+describe("parseAmdSmiStatic", () => {
+  it("parses the ROCm 6 flat array", () => {
+    expect(parseAmdSmiStatic(AMD_SMI_ROCM6)).toEqual([
+      { index: 0, name: "AMD Instinct MI300X", vramMiB: 196592, bdf: "0000:0c:00.0", driverVersion: "6.8.5" },
+      { index: 1, name: "AMD Instinct MI300X", vramMiB: 196592, bdf: "0000:22:00.0", driverVersion: "6.8.5" },
+    ]);
+  });
+
+  it("parses the ROCm 7 gpu_data wrapper, string sizes and a missing driver section", () => {
+    const out = JSON.stringify({
+      gpu_data: [{ gpu: 0, asic: { market_name: "MI325X" }, bus: { bdf: "0000:5F:00.0" }, vram: { size: "256 GB" } }],
+    });
+    expect(parseAmdSmiStatic(out)).toEqual([
+      { index: 0, name: "MI325X", vramMiB: 262144, bdf: "0000:5f:00.0", driverVersion: "" },
+    ]);
+  });
+
+  it("rejects output it cannot read", () => {
+    expect(() => parseAmdSmiStatic("not json")).toThrow(GpuDetectionError);
+    expect(() => parseAmdSmiStatic("{}")).toThrow(GpuDetectionError);
+    expect(() => parseAmdSmiStatic(JSON.stringify([{ gpu: 0, bus: { bdf: "../../x" } }]))).toThrow(
+      GpuDetectionError,
+    );
+  });
+});
+
+describe("detectGpus on a host", () => {
+  const expectBounded = (runner: FakeRunner) => {
+    for (const call of runner.calls) expect(call.bound?.remainingMs()).toBeGreaterThan(0);
+  };
+
+  it("uses nvidia-smi when it reports GPUs, under a deadline", async () => {
+    const runner = new FakeRunner(() => exited(0, NVIDIA_SMI));
+    const inventory = await detectGpus(runner);
+    expect(inventory.vendor).toBe("nvidia");
+    expect(inventory.gpus.map((gpu) => gpu.index)).toEqual([0, 1]);
+    expect(runner.argvs()).toEqual([
+      "nvidia-smi --query-gpu=uuid,name,memory.total,driver_version,index --format=csv,noheader,nounits",
+    ]);
+    expectBounded(runner);
+  });
+
+  it("falls back to amd-smi and resolves render nodes by BDF", async () => {
+    const runner = new FakeRunner((argv) => (argv[0] === "nvidia-smi" ? missing() : exited(0, AMD_SMI_ROCM6)));
+    const nodes: Record<string, string> = { "0000:0c:00.0": "/dev/dri/renderD128", "0000:22:00.0": "/dev/dri/renderD136" };
+    const inventory = await detectGpus(runner, {
+      resolveRenderNode: (bdf) => Promise.resolve(nodes[bdf] ?? "/nowhere"),
+    });
+    expect(inventory).toEqual({
+      vendor: "amd",
+      gpus: [
+        { vendor: "amd", name: "AMD Instinct MI300X", vramMiB: 196592, id: "/dev/dri/renderD128", index: 0, driverVersion: "6.8.5" },
+        { vendor: "amd", name: "AMD Instinct MI300X", vramMiB: 196592, id: "/dev/dri/renderD136", index: 1, driverVersion: "6.8.5" },
+      ],
+    });
+    expect(runner.argvs()[1]).toBe("amd-smi static --json --asic --vram --bus --driver");
+    expectBounded(runner);
+  });
+
+  it("retries amd-smi without --driver when it exits non-zero, and skips unresolvable GPUs", async () => {
+    const runner = new FakeRunner((argv) => {
+      if (argv[0] === "nvidia-smi") return missing();
+      return argv.includes("--driver") ? exited(2, "", "unrecognized --driver") : exited(0, AMD_SMI_ROCM6);
+    });
+    const logged: string[] = [];
+    const inventory = await detectGpus(runner, {
+      resolveRenderNode: (bdf) =>
+        bdf === "0000:0c:00.0" ? Promise.resolve("/dev/dri/renderD128") : Promise.reject(new Error("ENOENT")),
+      log: (msg) => logged.push(msg),
+    });
+    expect(inventory.gpus.map((gpu) => gpu.id)).toEqual(["/dev/dri/renderD128"]);
+    expect(runner.argvs().slice(1)).toEqual([
+      "amd-smi static --json --asic --vram --bus --driver",
+      "amd-smi static --json --asic --vram --bus",
+    ]);
+    expect(logged).toHaveLength(1);
+  });
+
+  it("reports vendor none when neither tool is installed", async () => {
+    const runner = new FakeRunner(() => missing());
+    await expect(detectGpus(runner)).resolves.toEqual({ vendor: "none", gpus: [] });
+  });
+
+  it("reports vendor none when nvidia-smi lists no GPU and amd-smi is missing", async () => {
+    const runner = new FakeRunner((argv) => (argv[0] === "nvidia-smi" ? exited(0, "") : missing()));
+    await expect(detectGpus(runner)).resolves.toEqual({ vendor: "none", gpus: [] });
+  });
+
+  it("throws when an installed tool fails and nothing was found", async () => {
+    const failing = new FakeRunner((argv) =>
+      argv[0] === "nvidia-smi" ? exited(9, "", "couldn't communicate with the NVIDIA driver") : missing(),
+    );
+    await expect(detectGpus(failing)).rejects.toThrow(/NVIDIA driver/);
+    const wedged = new FakeRunner((argv) => (argv[0] === "nvidia-smi" ? expired : missing()));
+    await expect(detectGpus(wedged)).rejects.toBeInstanceOf(GpuDetectionError);
+    const wedgedAmd = new FakeRunner((argv) => (argv[0] === "nvidia-smi" ? missing() : expired));
+    await expect(detectGpus(wedgedAmd)).rejects.toThrow(/deadline exceeded/);
+    expect(wedgedAmd.calls).toHaveLength(2);
+  });
+});
+
+describe("detectGpus with a fixture", () => {
+  let dir: string;
+  beforeEach(async () => {
+    dir = await mkdtemp(join(tmpdir(), "gpu-fixture-"));
+  });
+  afterEach(async () => {
+    await rm(dir, { recursive: true, force: true });
+  });
+  const fixture = async (content: unknown): Promise<string> => {
+    const path = join(dir, "gpus.json");
+    await writeFile(path, typeof content === "string" ? content : JSON.stringify(content));
+    return path;
+  };
+  const neverRun = new FakeRunner(() => new Error("the fixture must not run commands"));
+
+  it("describes AMD GPUs whose nodes map to host device nodes", async () => {
+    const path = await fixture({
+      vendor: "amd",
+      driver_version: "6.8.5",
+      kfd_path: `${dir}/kfd`,
+      gpus: [
+        { name: "MI300X", vram_mib: 196608, render_node: `${dir}/renderD128` },
+        { name: "MI300X", vram_mib: 196608, render_node: `${dir}/renderD129` },
+      ],
+    });
+    const inventory = await detectGpus(neverRun, { fixturePath: path });
+    expect(inventory).toEqual({
+      vendor: "amd",
+      gpus: [
+        { vendor: "amd", name: "MI300X", vramMiB: 196608, id: "/dev/dri/renderD128", index: 0, driverVersion: "6.8.5" },
+        { vendor: "amd", name: "MI300X", vramMiB: 196608, id: "/dev/dri/renderD129", index: 1, driverVersion: "6.8.5" },
+      ],
+      deviceOverrides: {
+        "/dev/kfd": `${dir}/kfd`,
+        "/dev/dri/renderD128": `${dir}/renderD128`,
+        "/dev/dri/renderD129": `${dir}/renderD129`,
+      },
+    });
+    expect(neverRun.calls).toHaveLength(0);
+  });
+
+  it("accepts a GPU-less fixture", async () => {
+    await expect(detectGpus(neverRun, { fixturePath: await fixture({ vendor: "none" }) })).resolves.toEqual({
+      vendor: "none",
+      gpus: [],
+    });
+  });
+
+  it.each([
+    ["missing file", undefined],
+    ["invalid JSON", "{"],
+    ["unknown vendor", { vendor: "intel", gpus: [] }],
+    ["missing kfd_path", { vendor: "amd", driver_version: "1", gpus: [] }],
+    ["relative node", { vendor: "amd", driver_version: "1", kfd_path: "/k", gpus: [{ name: "g", vram_mib: 1, render_node: "r" }] }],
+    ["negative vram", { vendor: "amd", driver_version: "1", kfd_path: "/k", gpus: [{ name: "g", vram_mib: -1, render_node: "/r" }] }],
+    ["extra key", { vendor: "amd", driver_version: "1", kfd_path: "/k", gpus: [], extra: 1 }],
+    ["shared node", { vendor: "amd", driver_version: "1", kfd_path: "/k", gpus: [{ name: "g", vram_mib: 1, render_node: "/k" }] }],
+  ])("rejects a fixture with %s", async (_label, content) => {
+    const path = content === undefined ? join(dir, "absent.json") : await fixture(content);
+    await expect(detectGpus(neverRun, { fixturePath: path })).rejects.toBeInstanceOf(GpuFixtureError);
+  });
+});
+
+const NVIDIA: GpuInventory = {
+  vendor: "nvidia",
+  gpus: [
+    { vendor: "nvidia", name: "H100", vramMiB: 81559, id: "GPU-a", index: 0, driverVersion: "570" },
+    { vendor: "nvidia", name: "H100", vramMiB: 81559, id: "GPU-b", index: 1, driverVersion: "570" },
+  ],
+};
+const AMD: GpuInventory = {
+  vendor: "amd",
+  gpus: [
+    { vendor: "amd", name: "MI300X", vramMiB: 1, id: "/dev/dri/renderD128", index: 0, driverVersion: "" },
+    { vendor: "amd", name: "MI300X", vramMiB: 1, id: "/dev/dri/renderD136", index: 1, driverVersion: "" },
+  ],
+};
+const AMD_FIXTURE: GpuInventory = {
+  ...AMD,
+  deviceOverrides: {
+    "/dev/kfd": "/tmp/x/kfd",
+    "/dev/dri/renderD128": "/tmp/x/renderD128",
+    "/dev/dri/renderD136": "/tmp/x/renderD136",
+  },
+};
+
+describe("gpuContainerConfig", () => {
+  it("is empty without ids", () => {
+    expect(gpuContainerConfig(NVIDIA, [])).toEqual({
+      deviceRequests: [],
+      devices: [],
+      capAdd: [],
+      securityOpt: [],
+      env: [],
+    });
+    expect(gpuContainerConfig({ vendor: "none", gpus: [] }, [])).toMatchObject({ devices: [] });
+  });
+
+  it("requests NVIDIA GPUs by uuid with the capability list", () => {
+    const config = gpuContainerConfig(NVIDIA, ["GPU-b"]);
+    expect(config.deviceRequests).toEqual([
+      { DeviceIDs: ["GPU-b"], Capabilities: [["gpu", "utility", "compute", "graphics", "video", "display", "compat32"]] },
+    ]);
+    expect(config.devices).toEqual([]);
+    expect(config.ipcMode).toBeUndefined();
+    const retry = gpuContainerConfig(NVIDIA, ["GPU-b"], { nvidiaDisplay: false });
+    expect(retry.deviceRequests[0]?.Capabilities[0]).not.toContain("display");
+  });
+
+  it("passes AMD kfd and render nodes with host IPC, SYS_PTRACE and unconfined seccomp", () => {
+    expect(gpuContainerConfig(AMD, ["/dev/dri/renderD136"])).toEqual({
+      deviceRequests: [],
+      devices: [
+        { PathOnHost: "/dev/kfd", PathInContainer: "/dev/kfd", CgroupPermissions: "rwm" },
+        { PathOnHost: "/dev/dri/renderD136", PathInContainer: "/dev/dri/renderD136", CgroupPermissions: "rwm" },
+      ],
+      capAdd: ["SYS_PTRACE"],
+      securityOpt: ["seccomp=unconfined"],
+      ipcMode: "host",
+      env: [],
+    });
+  });
+
+  it("substitutes fixture nodes on the host side only", () => {
+    expect(gpuContainerConfig(AMD_FIXTURE, ["/dev/dri/renderD128"]).devices).toEqual([
+      { PathOnHost: "/tmp/x/kfd", PathInContainer: "/dev/kfd", CgroupPermissions: "rwm" },
+      { PathOnHost: "/tmp/x/renderD128", PathInContainer: "/dev/dri/renderD128", CgroupPermissions: "rwm" },
+    ]);
+  });
+
+  it("rejects ids the inventory does not have", () => {
+    expect(() => gpuContainerConfig(NVIDIA, ["GPU-z"])).toThrow(UnknownGpuIdError);
+    expect(() => gpuContainerConfig({ vendor: "none", gpus: [] }, ["x"])).toThrow(UnknownGpuIdError);
+  });
+});
+
+describe("gpuIdsFromContainer", () => {
+  it("reads the ids of a single NVIDIA device request", () => {
+    expect(gpuIdsFromContainer(NVIDIA, { DeviceRequests: [{ DeviceIDs: ["GPU-a", "GPU-b"] }] })).toEqual([
+      "GPU-a",
+      "GPU-b",
+    ]);
+    expect(gpuIdsFromContainer(NVIDIA, { DeviceRequests: [{ DeviceIDs: ["GPU-a"] }, { DeviceIDs: ["GPU-b"] }] })).toEqual(
+      [],
+    );
+    expect(gpuIdsFromContainer(NVIDIA, { DeviceRequests: null, Devices: [{ PathOnHost: "/dev/nvidia0" }] })).toEqual(
+      [],
+    );
+  });
+
+  it("reads AMD render nodes from the devices", () => {
+    const hostConfig = {
+      Devices: [
+        { PathOnHost: "/dev/kfd", PathInContainer: "/dev/kfd" },
+        { PathOnHost: "/dev/dri/renderD136", PathInContainer: "/dev/dri/renderD136" },
+        { PathOnHost: "/dev/infiniband", PathInContainer: "/dev/infiniband" },
+      ],
+    };
+    expect(gpuIdsFromContainer(AMD, hostConfig)).toEqual(["/dev/dri/renderD136"]);
+  });
+
+  it("maps fixture nodes back to GPU ids, round-tripping gpuContainerConfig", () => {
+    const ids = ["/dev/dri/renderD128", "/dev/dri/renderD136"];
+    const config = gpuContainerConfig(AMD_FIXTURE, ids);
+    expect(gpuIdsFromContainer(AMD_FIXTURE, { Devices: [...config.devices] })).toEqual(ids);
+  });
+
+  it("finds nothing without a host config or GPUs", () => {
+    expect(gpuIdsFromContainer(NVIDIA, undefined)).toEqual([]);
+    expect(gpuIdsFromContainer({ vendor: "none", gpus: [] }, { Devices: [{ PathOnHost: "/dev/dri/renderD128" }] })).toEqual(
+      [],
+    );
+  });
+});

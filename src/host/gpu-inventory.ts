@@ -1,0 +1,464 @@
+import { readFile, realpath } from "node:fs/promises";
+import { posix } from "node:path";
+import Type from "typebox";
+import Value from "typebox/value";
+import { OperationBound } from "../exec/operation-bound.js";
+import { CommandFailedError, CommandLaunchError, runChecked, type CommandRunner } from "../exec/run-bounded.js";
+
+/** The GPU vendor of a host; one vendor per host, as dstack-shim assumes. */
+export type GpuVendor = "nvidia" | "amd" | "none";
+
+/** One detected GPU. */
+export interface GpuInfo {
+  readonly vendor: Exclude<GpuVendor, "none">;
+  readonly name: string;
+  readonly vramMiB: number;
+  /** The resource id: the NVIDIA uuid (`GPU-…`) or the AMD render node path (`/dev/dri/renderD128`). */
+  readonly id: string;
+  readonly index: number;
+  /** The host driver version, `""` when unknown. */
+  readonly driverVersion: string;
+}
+
+/** What a host has, detected once at startup. */
+export interface GpuInventory {
+  readonly vendor: GpuVendor;
+  readonly gpus: readonly GpuInfo[];
+  /** host device nodes to substitute (fixture only): standard device path → node on the host */
+  readonly deviceOverrides?: Readonly<Record<string, string>>;
+}
+
+/** Options of {@link detectGpus}. */
+export interface DetectGpusOptions {
+  /** Read the inventory from this JSON fixture instead of probing the host (see {@link loadGpuFixture}). */
+  readonly fixturePath?: string;
+  /** Maps a PCI BDF to its render node; defaults to resolving `/dev/dri/by-path/pci-<bdf>-render`. */
+  readonly resolveRenderNode?: (bdf: string) => Promise<string>;
+  /** Receives the GPUs that were found but skipped. */
+  readonly log?: (msg: string, fields?: object) => void;
+}
+
+/** The GPU fixture file is unreadable or invalid. */
+export class GpuFixtureError extends Error {
+  override readonly name = "GpuFixtureError";
+}
+
+/** A vendor tool is installed but failed, or printed something we cannot read. */
+export class GpuDetectionError extends Error {
+  override readonly name = "GpuDetectionError";
+}
+
+/** A GPU id that is not in the inventory was passed to {@link gpuContainerConfig}. */
+export class UnknownGpuIdError extends Error {
+  override readonly name = "UnknownGpuIdError";
+}
+
+/** The device node every ROCm container needs besides its render nodes. */
+export const AMD_KFD_PATH = "/dev/kfd";
+/** Capabilities of the NVIDIA device request (dstack-shim's list). */
+export const NVIDIA_GPU_CAPABILITIES: readonly string[] = [
+  "gpu",
+  "utility",
+  "compute",
+  "graphics",
+  "video",
+  "display",
+  "compat32",
+];
+
+const NVIDIA_SMI_DEADLINE_MS = 10_000;
+const AMD_SMI_DEADLINE_MS = 60_000;
+const RENDER_NODE_PATTERN = /^\/dev\/dri\/renderD\d+$/;
+const FIRST_RENDER_MINOR = 128;
+const MAX_FIXTURE_GPUS = 64;
+
+const HostPath = Type.String({ pattern: "^/[^\\u0000]*$", maxLength: 4096 });
+const AmdFixtureSchema = Type.Object(
+  {
+    vendor: Type.Literal("amd"),
+    driver_version: Type.String({ maxLength: 256 }),
+    kfd_path: HostPath,
+    gpus: Type.Array(
+      Type.Object(
+        {
+          name: Type.String({ minLength: 1, maxLength: 256 }),
+          vram_mib: Type.Integer({ minimum: 0 }),
+          render_node: HostPath,
+        },
+        { additionalProperties: false },
+      ),
+      { maxItems: MAX_FIXTURE_GPUS },
+    ),
+  },
+  { additionalProperties: false },
+);
+const NoneFixtureSchema = Type.Object({ vendor: Type.Literal("none") }, { additionalProperties: false });
+
+/**
+ * Reads a GPU fixture: a JSON file that stands in for the host's GPUs, so the GPU path can be
+ * tested end to end on a machine without any. Two forms:
+ *
+ * ```json
+ * {"vendor":"amd","driver_version":"6.8.5","kfd_path":"/tmp/x/kfd",
+ *  "gpus":[{"name":"MI300X","vram_mib":196608,"render_node":"/tmp/x/renderD128"}]}
+ * {"vendor":"none"}
+ * ```
+ *
+ * AMD GPU `i` gets the id `/dev/dri/renderD<128+i>` and index `i`. `kfd_path` and each
+ * `render_node` are host device nodes (any char device, e.g. `mknod … c 1 3`) that the container
+ * sees at `/dev/kfd` and at the GPU's id: they are returned in `deviceOverrides`. Paths must be
+ * absolute and distinct; unknown keys are rejected.
+ *
+ * @throws GpuFixtureError when the file cannot be read, is not JSON, or does not match.
+ */
+export async function loadGpuFixture(path: string): Promise<GpuInventory> {
+  let raw: unknown;
+  try {
+    raw = JSON.parse(await readFile(path, "utf8"));
+  } catch (error) {
+    throw new GpuFixtureError(`cannot read GPU fixture ${path}: ${(error as Error).message}`, { cause: error });
+  }
+  const vendor = typeof raw === "object" && raw !== null ? (raw as { vendor?: unknown }).vendor : undefined;
+  if (vendor === "none") {
+    checkFixture(path, NoneFixtureSchema, raw);
+    return { vendor: "none", gpus: [] };
+  }
+  if (vendor !== "amd") {
+    throw new GpuFixtureError(`invalid GPU fixture ${path}: vendor must be "amd" or "none"`);
+  }
+  const fixture = checkFixture(path, AmdFixtureSchema, raw);
+  const gpus = fixture.gpus.map(
+    (gpu, index): GpuInfo => ({
+      vendor: "amd",
+      name: gpu.name,
+      vramMiB: gpu.vram_mib,
+      id: `/dev/dri/renderD${FIRST_RENDER_MINOR + index}`,
+      index,
+      driverVersion: fixture.driver_version,
+    }),
+  );
+  const overrides: Record<string, string> = { [AMD_KFD_PATH]: fixture.kfd_path };
+  fixture.gpus.forEach((gpu, index) => {
+    const id = gpus[index]?.id;
+    if (id !== undefined) overrides[id] = gpu.render_node;
+  });
+  const hostNodes = Object.values(overrides);
+  if (new Set(hostNodes).size !== hostNodes.length) {
+    throw new GpuFixtureError(`invalid GPU fixture ${path}: kfd_path and render nodes must be distinct`);
+  }
+  return { vendor: "amd", gpus, deviceOverrides: overrides };
+}
+
+function checkFixture<T extends Type.TSchema>(path: string, schema: T, raw: unknown): Type.Static<T> {
+  if (Value.Check(schema, raw)) return raw;
+  const problems = [...Value.Errors(schema, raw)]
+    .slice(0, 5)
+    .map((e) => `${e.instancePath || "/"} ${e.message}`)
+    .join("; ");
+  throw new GpuFixtureError(`invalid GPU fixture ${path}: ${problems}`);
+}
+
+/**
+ * Detects the host's GPUs, once, at startup. With a fixture, reads it instead. Otherwise asks
+ * `nvidia-smi`, then `amd-smi`; a tool that is not installed means "not this vendor", and a host
+ * where neither finds a GPU has vendor `none`.
+ *
+ * @throws GpuDetectionError when an installed tool failed and no GPUs were found by the other, so
+ *   the caller can log why a GPU host reports none (and carry on without GPUs).
+ * @throws GpuFixtureError for a bad fixture.
+ */
+export async function detectGpus(runner: CommandRunner, options: DetectGpusOptions = {}): Promise<GpuInventory> {
+  if (options.fixturePath !== undefined) return loadGpuFixture(options.fixturePath);
+  const nvidia = await probe("nvidia-smi", () => detectNvidia(runner));
+  if (nvidia.kind === "found" && nvidia.gpus.length > 0) return { vendor: "nvidia", gpus: nvidia.gpus };
+  const resolve = options.resolveRenderNode ?? resolveRenderNodeByPath;
+  const amd = await probe("amd-smi", () => detectAmd(runner, resolve, options.log));
+  if (amd.kind === "found" && amd.gpus.length > 0) return { vendor: "amd", gpus: amd.gpus };
+  if (nvidia.kind === "failed") throw nvidia.error;
+  if (amd.kind === "failed") throw amd.error;
+  return { vendor: "none", gpus: [] };
+}
+
+type Probe =
+  | { readonly kind: "absent" }
+  | { readonly kind: "found"; readonly gpus: readonly GpuInfo[] }
+  | { readonly kind: "failed"; readonly error: GpuDetectionError };
+
+async function probe(tool: string, detect: () => Promise<GpuInfo[]>): Promise<Probe> {
+  try {
+    return { kind: "found", gpus: await detect() };
+  } catch (error) {
+    if (error instanceof CommandLaunchError) return { kind: "absent" };
+    if (error instanceof GpuDetectionError) return { kind: "failed", error };
+    return {
+      kind: "failed",
+      error: new GpuDetectionError(`${tool} failed: ${(error as Error).message}`, { cause: error }),
+    };
+  }
+}
+
+async function detectNvidia(runner: CommandRunner): Promise<GpuInfo[]> {
+  const stdout = await runChecked(runner, {
+    argv: [
+      "nvidia-smi",
+      "--query-gpu=uuid,name,memory.total,driver_version,index",
+      "--format=csv,noheader,nounits",
+    ],
+    bound: OperationBound.within(NVIDIA_SMI_DEADLINE_MS),
+  });
+  return parseNvidiaSmiCsv(stdout);
+}
+
+async function detectAmd(
+  runner: CommandRunner,
+  resolve: (bdf: string) => Promise<string>,
+  log: DetectGpusOptions["log"],
+): Promise<GpuInfo[]> {
+  const bound = OperationBound.within(AMD_SMI_DEADLINE_MS);
+  const argv = ["amd-smi", "static", "--json", "--asic", "--vram", "--bus"];
+  const withDriver = await runner.run({ argv: [...argv, "--driver"], bound });
+  // Older amd-smi versions reject --driver; a deadline is not retried, it would only double the wait.
+  if (withDriver.kind !== "exited") throw new CommandFailedError([...argv, "--driver"], withDriver);
+  const stdout =
+    withDriver.code === 0 ? withDriver.stdout.toString("utf8") : await runChecked(runner, { argv, bound });
+  const gpus: GpuInfo[] = [];
+  for (const gpu of parseAmdSmiStatic(stdout)) {
+    let renderNode: string;
+    try {
+      renderNode = await resolve(gpu.bdf);
+    } catch (error) {
+      log?.("skipping AMD GPU: cannot resolve its render node", { bdf: gpu.bdf, error: String(error) });
+      continue;
+    }
+    if (!RENDER_NODE_PATTERN.test(renderNode)) {
+      log?.("skipping AMD GPU: unexpected render node", { bdf: gpu.bdf, renderNode });
+      continue;
+    }
+    gpus.push({
+      vendor: "amd",
+      name: gpu.name,
+      vramMiB: gpu.vramMiB,
+      id: renderNode,
+      index: gpu.index,
+      driverVersion: gpu.driverVersion,
+    });
+  }
+  return gpus;
+}
+
+async function resolveRenderNodeByPath(bdf: string): Promise<string> {
+  return realpath(`/dev/dri/by-path/pci-${bdf}-render`);
+}
+
+/** SMI tools print these when a field is unavailable. */
+function normalizeDriverVersion(value: string): string {
+  const trimmed = value.trim();
+  const placeholders = ["N/A", "[N/A]", "UNKNOWN", "[UNKNOWN]", "[NOT SUPPORTED]", "[NOT AVAILABLE]"];
+  return placeholders.includes(trimmed.toUpperCase()) ? "" : trimmed;
+}
+
+/**
+ * Parses `nvidia-smi --query-gpu=uuid,name,memory.total,driver_version,index
+ * --format=csv,noheader,nounits`. The name may contain commas, so it is everything between the
+ * first field and the last three. An unavailable memory size becomes 0. Sorted by index.
+ *
+ * @throws GpuDetectionError for a line that is not five fields with a `GPU-` uuid and an index.
+ */
+export function parseNvidiaSmiCsv(stdout: string): GpuInfo[] {
+  const gpus: GpuInfo[] = [];
+  for (const line of stdout.split(/\r?\n/)) {
+    if (line.trim() === "") continue;
+    const raw = line.split(",");
+    const fields = raw.map((field) => field.trim());
+    const [uuid] = fields;
+    const index = fields.at(-1) ?? "";
+    if (fields.length < 5 || uuid === undefined || !/^GPU-[\w-]+$/.test(uuid) || !/^\d+$/.test(index)) {
+      throw new GpuDetectionError(`unexpected nvidia-smi output line: ${JSON.stringify(line)}`);
+    }
+    const vram = Number.parseInt(fields.at(-3) ?? "", 10);
+    gpus.push({
+      vendor: "nvidia",
+      name: raw.slice(1, -3).join(",").trim(),
+      vramMiB: Number.isSafeInteger(vram) && vram >= 0 ? vram : 0,
+      id: uuid,
+      index: Number(index),
+      driverVersion: normalizeDriverVersion(fields.at(-2) ?? ""),
+    });
+  }
+  return gpus.sort((a, b) => a.index - b.index);
+}
+
+/** One GPU as `amd-smi static --json` describes it, before its render node is resolved. */
+export interface AmdSmiGpu {
+  readonly index: number;
+  readonly name: string;
+  readonly vramMiB: number;
+  /** PCI Domain:Bus:Device.Function, e.g. `0000:0c:00.0`. */
+  readonly bdf: string;
+  readonly driverVersion: string;
+}
+
+/**
+ * Parses `amd-smi static --json` in both shapes: a flat array (ROCm 6) and `{"gpu_data": […]}`
+ * (ROCm 7). VRAM is `{"value": N, "unit": "MB"}` or `"N MB"`; the driver section is optional.
+ * Sorted by index.
+ *
+ * @throws GpuDetectionError when the output is not JSON of either shape, or a GPU has no BDF.
+ */
+export function parseAmdSmiStatic(stdout: string): AmdSmiGpu[] {
+  let parsed: unknown;
+  try {
+    parsed = JSON.parse(stdout);
+  } catch (error) {
+    throw new GpuDetectionError(`amd-smi printed invalid JSON: ${(error as Error).message}`, { cause: error });
+  }
+  const entries = Array.isArray(parsed) ? parsed : isRecord(parsed) ? parsed["gpu_data"] : undefined;
+  if (!Array.isArray(entries)) {
+    throw new GpuDetectionError("amd-smi output is neither a GPU array nor {gpu_data: [...]}");
+  }
+  return entries
+    .map((entry: unknown, position): AmdSmiGpu => {
+      const gpu = isRecord(entry) ? entry : {};
+      const bdf = field(gpu, "bus", "bdf");
+      if (typeof bdf !== "string" || !/^[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$/.test(bdf)) {
+        throw new GpuDetectionError(`amd-smi GPU ${position} has no valid bus.bdf`);
+      }
+      const index = gpu["gpu"];
+      const name = field(gpu, "asic", "market_name");
+      const driver = field(gpu, "driver", "version") ?? field(gpu, "driver", "driver_version");
+      return {
+        index: typeof index === "number" && Number.isSafeInteger(index) && index >= 0 ? index : position,
+        name: typeof name === "string" ? name.trim() : "",
+        vramMiB: amdVramMiB(field(gpu, "vram", "size")),
+        bdf: bdf.toLowerCase(),
+        driverVersion: typeof driver === "string" ? normalizeDriverVersion(driver) : "",
+      };
+    })
+    .sort((a, b) => a.index - b.index);
+}
+
+function isRecord(value: unknown): value is Record<string, unknown> {
+  return typeof value === "object" && value !== null && !Array.isArray(value);
+}
+
+function field(record: Record<string, unknown>, section: string, key: string): unknown {
+  const inner = record[section];
+  return isRecord(inner) ? inner[key] : undefined;
+}
+
+function amdVramMiB(size: unknown): number {
+  let value: unknown = size;
+  let unit = "MB";
+  if (isRecord(size)) {
+    value = size["value"];
+    if (typeof size["unit"] === "string") unit = size["unit"];
+  } else if (typeof size === "string") {
+    const match = /^\s*(\d+)\s*([A-Za-z]*)\s*$/.exec(size);
+    value = match?.[1] === undefined ? undefined : Number(match[1]);
+    if (match?.[2]) unit = match[2];
+  }
+  const amount = typeof value === "string" ? Number(value) : value;
+  if (typeof amount !== "number" || !Number.isFinite(amount) || amount < 0) return 0;
+  // amd-smi says MB but means MiB.
+  const factor = /^g/i.test(unit) ? 1024 : /^k/i.test(unit) ? 1 / 1024 : 1;
+  return Math.round(amount * factor);
+}
+
+/** The GPU part of a container spec (Docker `HostConfig` fields plus env). */
+export interface GpuContainerConfig {
+  readonly deviceRequests: readonly { Driver?: string; DeviceIDs: string[]; Capabilities: string[][] }[];
+  readonly devices: readonly { PathOnHost: string; PathInContainer: string; CgroupPermissions: string }[];
+  readonly capAdd: readonly string[];
+  readonly securityOpt: readonly string[];
+  readonly ipcMode?: string;
+  readonly env: readonly string[];
+}
+
+/** Options of {@link gpuContainerConfig}. */
+export interface GpuContainerConfigOptions {
+  /** Request NVIDIA's `display` capability (default true); the retry after an engine refuses it drops it. */
+  readonly nvidiaDisplay?: boolean;
+}
+
+/**
+ * The GPU part of the container spec for the locked `ids` (§4.6): NVIDIA gets one device request
+ * with the capability list; AMD gets `/dev/kfd` and each render node as devices, host IPC,
+ * `SYS_PTRACE` and an unconfined seccomp profile (ROCm needs all three). Host paths go through the
+ * inventory's fixture overrides. No ids → an empty config.
+ *
+ * @throws UnknownGpuIdError for an id the inventory does not have.
+ */
+export function gpuContainerConfig(
+  inventory: GpuInventory,
+  ids: readonly string[],
+  options: GpuContainerConfigOptions = {},
+): GpuContainerConfig {
+  const empty: GpuContainerConfig = { deviceRequests: [], devices: [], capAdd: [], securityOpt: [], env: [] };
+  if (ids.length === 0) return empty;
+  const known = new Set(inventory.gpus.map((gpu) => gpu.id));
+  const unknown = ids.filter((id) => !known.has(id));
+  if (unknown.length > 0 || inventory.vendor === "none") {
+    throw new UnknownGpuIdError(`unknown GPU id(s): ${(unknown.length > 0 ? unknown : ids).join(", ")}`);
+  }
+  switch (inventory.vendor) {
+    case "nvidia": {
+      const capabilities = NVIDIA_GPU_CAPABILITIES.filter(
+        (cap) => cap !== "display" || options.nvidiaDisplay !== false,
+      );
+      return { ...empty, deviceRequests: [{ DeviceIDs: [...ids], Capabilities: [capabilities] }] };
+    }
+    case "amd": {
+      const device = (path: string) => ({
+        PathOnHost: inventory.deviceOverrides?.[path] ?? path,
+        PathInContainer: path,
+        CgroupPermissions: "rwm",
+      });
+      return {
+        ...empty,
+        devices: [device(AMD_KFD_PATH), ...ids.map(device)],
+        ipcMode: "host",
+        capAdd: ["SYS_PTRACE"],
+        securityOpt: ["seccomp=unconfined"],
+      };
+    }
+  }
+}
+
+/** The part of a container's inspected `HostConfig` that tells which GPUs it holds. */
+export type GpuHostConfig =
+  | {
+      DeviceRequests?: { DeviceIDs?: string[] }[] | null;
+      Devices?: { PathOnHost?: string; PathInContainer?: string }[] | null;
+    }
+  | undefined;
+
+/**
+ * The GPU ids an existing container holds, recovered after a shim restart (§4.2 step 4): NVIDIA
+ * reads the ids of its single device request (none with explicit `gpu_devices`); AMD takes the
+ * devices whose host path is a render node, mapping fixture nodes back to their ids.
+ */
+export function gpuIdsFromContainer(inventory: GpuInventory, hostConfig: GpuHostConfig): string[] {
+  if (hostConfig === undefined) return [];
+  switch (inventory.vendor) {
+    case "nvidia": {
+      const requests = hostConfig.DeviceRequests ?? [];
+      const [only] = requests;
+      if (requests.length !== 1 || only === undefined) return [];
+      return (only.DeviceIDs ?? []).filter((id) => typeof id === "string" && id !== "");
+    }
+    case "amd": {
+      const byHostPath = new Map(
+        Object.entries(inventory.deviceOverrides ?? {}).map(([id, hostPath]) => [hostPath, id]),
+      );
+      const ids: string[] = [];
+      for (const device of hostConfig.Devices ?? []) {
+        if (device.PathOnHost === undefined) continue;
+        const id = byHostPath.get(device.PathOnHost) ?? posix.normalize(device.PathOnHost);
+        if (RENDER_NODE_PATTERN.test(id) && !ids.includes(id)) ids.push(id);
+      }
+      return ids;
+    }
+    case "none":
+      return [];
+  }
+}

@@ -1,0 +1,343 @@
+import { chmod, mkdir, mkdtemp, rm, stat, symlink } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { afterEach, beforeEach, describe, expect, it } from "vitest";
+import {
+  CommandFailedError,
+  type BoundedOutcome,
+  type CommandRequest,
+  type CommandRunner,
+} from "../exec/run-bounded.js";
+import {
+  HostVolumes,
+  InvalidInstancePathError,
+  InvalidVolumeNameError,
+  VolumeDeviceError,
+  VolumePrepareError,
+  VolumeUnmountError,
+  matchAwsSerial,
+  type VolumeInfo,
+  type VolumeTimings,
+} from "./volumes.js";
+
+type Script = (argv: readonly string[]) => BoundedOutcome;
+
+class FakeRunner implements CommandRunner {
+  readonly calls: CommandRequest[] = [];
+  constructor(private readonly script: Script) {}
+  run(request: CommandRequest): Promise<BoundedOutcome> {
+    this.calls.push(request);
+    return Promise.resolve(this.script(request.argv));
+  }
+  argvs(): string[] {
+    return this.calls.map((call) => call.argv.join(" "));
+  }
+}
+
+const exited = (code: number, stdout = "", stderr = ""): BoundedOutcome => ({
+  kind: "exited",
+  code,
+  signal: null,
+  stdout: Buffer.from(stdout),
+  stderr: Buffer.from(stderr),
+});
+const expired: BoundedOutcome = { kind: "expired", kill: { ok: true }, operationElapsedMs: 10_000, cleanup: null };
+
+const FAST: Partial<VolumeTimings> = {
+  awsResolveMs: 30,
+  awsPollMs: 1,
+  deviceReadyMs: 30,
+  deviceReadyPollMs: 1,
+  blankConfirmPauseMs: 1,
+};
+
+/** A host whose disks behave as told; every command answers from these maps. */
+function host(options: {
+  mounted?: ReadonlySet<string>;
+  blkid?: () => BoundedOutcome;
+  size?: string;
+  serials?: () => string;
+  partitions?: string;
+  failUmount?: ReadonlySet<string>;
+}): Script {
+  return (argv) => {
+    const [cmd, ...args] = argv;
+    const last = args.at(-1) ?? "";
+    switch (cmd) {
+      case "mountpoint":
+        return exited(options.mounted?.has(last) ? 0 : 32);
+      case "lsblk":
+        if (args.includes("NAME,SERIAL")) return exited(0, options.serials?.() ?? "");
+        if (args.includes("SIZE")) return exited(0, `${options.size ?? "10737418240"}\n`);
+        return exited(0, options.partitions ?? `${last.replace("/dev/", "")}\n`);
+      case "blkid":
+        return options.blkid?.() ?? exited(2);
+      case "umount":
+        return options.failUmount?.has(last) ? exited(32, "", "target is busy") : exited(0);
+      default:
+        return exited(0);
+    }
+  };
+}
+
+describe("HostVolumes", () => {
+  let root: string;
+  let byId: string;
+  let mountRoot: string;
+
+  beforeEach(async () => {
+    root = await mkdtemp(join(tmpdir(), "volumes-"));
+    byId = join(root, "by-id");
+    mountRoot = join(root, "mnt");
+    await mkdir(byId);
+  });
+  afterEach(async () => {
+    await rm(root, { recursive: true, force: true });
+  });
+
+  const volumes = (runner: CommandRunner) =>
+    new HostVolumes(runner, { mountRoot, diskByIdDir: byId, timings: FAST });
+  const gcp = (overrides: Partial<VolumeInfo> = {}): VolumeInfo => ({
+    backend: "gcp",
+    name: "data",
+    volume_id: "vol-id",
+    init_fs: true,
+    device_name: "pd-data",
+    ...overrides,
+  });
+  const expectAllBounded = (runner: FakeRunner) => {
+    expect(runner.calls.length).toBeGreaterThan(0);
+    for (const call of runner.calls) expect(call.bound?.remainingMs()).toBeGreaterThan(0);
+  };
+
+  describe("mountPointOf", () => {
+    it("puts a volume under the mount root", () => {
+      expect(new HostVolumes(new FakeRunner(host({}))).mountPointOf("data-1")).toBe(
+        "/mnt/disks/dstack-volumes/data-1",
+      );
+    });
+
+    it.each(["", ".", "..", "a/b", "/abs", "a..b", "x\u0000y", "new\nline", "v".repeat(129)])(
+      "rejects %j",
+      (name) => {
+        expect(() => volumes(new FakeRunner(host({}))).mountPointOf(name)).toThrow(InvalidVolumeNameError);
+      },
+    );
+  });
+
+  describe("prepareVolumes", () => {
+    it("formats a blank GCP disk only after re-probing it, mounts it and opens its root", async () => {
+      await symlink("../../sdb", join(byId, "google-pd-data"));
+      const runner = new FakeRunner(host({}));
+      const mounted: number[] = [];
+      await volumes(runner).prepareVolumes([gcp()], (index) => {
+        mounted.push(index);
+        return Promise.resolve();
+      });
+      const device = join(root, "..", "sdb");
+      const mp = join(mountRoot, "data");
+      expect(runner.argvs()).toEqual([
+        `mountpoint -q ${mp}`,
+        `lsblk -bdn -o SIZE ${device}`,
+        ...Array<string>(4).fill(`blkid -p -o value -s TYPE ${device}`),
+        `mkfs.ext4 -F ${device}`,
+        `mount ${device} ${mp}`,
+      ]);
+      expect(mounted).toEqual([0]);
+      expect((await stat(mp)).mode & 0o777).toBe(0o777);
+      expectAllBounded(runner);
+    });
+
+    it("prefers the GCP first-partition link and never formats a disk with a file system", async () => {
+      await symlink("/dev/sdc", join(byId, "google-pd-data"));
+      await symlink("/dev/sdc1", join(byId, "google-pd-data-part1"));
+      const runner = new FakeRunner(host({ blkid: () => exited(0, "xfs\n") }));
+      await volumes(runner).prepareVolumes([gcp()]);
+      expect(runner.argvs()).toContain(`mount /dev/sdc1 ${join(mountRoot, "data")}`);
+      expect(runner.argvs().some((argv) => argv.startsWith("mkfs"))).toBe(false);
+      expect((await stat(join(mountRoot, "data"))).mode & 0o777).toBe(0o755);
+    });
+
+    it("believes a file system that appears on a re-probe", async () => {
+      await symlink("/dev/sdb", join(byId, "google-pd-data"));
+      let probes = 0;
+      const runner = new FakeRunner(host({ blkid: () => (++probes < 3 ? exited(2) : exited(0, "ext4\n")) }));
+      await volumes(runner).prepareVolumes([gcp()]);
+      expect(probes).toBe(3);
+      expect(runner.argvs().some((argv) => argv.startsWith("mkfs"))).toBe(false);
+    });
+
+    it("fails on a blank disk when it may not format it", async () => {
+      await symlink("/dev/sdb", join(byId, "google-pd-data"));
+      const runner = new FakeRunner(host({}));
+      const error = await volumes(runner)
+        .prepareVolumes([gcp({ init_fs: false })])
+        .catch((e: unknown) => e);
+      expect(error).toBeInstanceOf(VolumePrepareError);
+      expect((error as VolumePrepareError).volume).toBe("data");
+      expect((error as Error).cause).toEqual(new VolumeDeviceError("disk /dev/sdb has no file system"));
+      expect(runner.argvs().some((argv) => /^(mkfs|mount )/.test(argv))).toBe(false);
+    });
+
+    it("refuses a disk with a signature that is not a file system, or a failed probe", async () => {
+      await symlink("/dev/sdb", join(byId, "google-pd-data"));
+      const partitioned = new FakeRunner(host({ blkid: () => exited(0, "") }));
+      await expect(volumes(partitioned).prepareVolumes([gcp()])).rejects.toThrow(/non-filesystem signature/);
+      const broken = new FakeRunner(host({ blkid: () => exited(4, "", "I/O error") }));
+      await expect(volumes(broken).prepareVolumes([gcp()])).rejects.toThrow(/I\/O error/);
+      for (const runner of [partitioned, broken]) {
+        expect(runner.argvs().some((argv) => argv.startsWith("mkfs"))).toBe(false);
+      }
+    });
+
+    it("waits a bounded time for a non-empty block device", async () => {
+      await symlink("/dev/sdb", join(byId, "google-pd-data"));
+      const runner = new FakeRunner(host({ size: "0" }));
+      await expect(volumes(runner).prepareVolumes([gcp()])).rejects.toThrow(/not a ready non-empty block device/);
+      expect(runner.argvs().some((argv) => argv.startsWith("blkid"))).toBe(false);
+    });
+
+    it("fails when GCP has no link for the disk, or the device name is not plain", async () => {
+      const runner = new FakeRunner(host({}));
+      await expect(volumes(runner).prepareVolumes([gcp()])).rejects.toThrow(/no \/dev\/disk\/by-id link/);
+      await expect(volumes(runner).prepareVolumes([gcp({ device_name: "/dev/sdv" })])).rejects.toThrow(
+        /invalid GCP device name/,
+      );
+    });
+
+    it("skips a volume that is already mounted, and still reports it", async () => {
+      const mp = join(mountRoot, "data");
+      const runner = new FakeRunner(host({ mounted: new Set([mp]) }));
+      const mounted: number[] = [];
+      await volumes(runner).prepareVolumes([gcp()], (index) => {
+        mounted.push(index);
+        return Promise.resolve();
+      });
+      expect(runner.argvs()).toEqual([`mountpoint -q ${mp}`]);
+      expect(mounted).toEqual([0]);
+    });
+
+    it("does not guess when mountpoint gives no answer", async () => {
+      const runner = new FakeRunner(() => expired);
+      const error = await volumes(runner)
+        .prepareVolumes([gcp()])
+        .catch((e: unknown) => e);
+      expect((error as Error).cause).toBeInstanceOf(CommandFailedError);
+      expect(runner.calls).toHaveLength(1);
+    });
+
+    it("finds an AWS volume by its NVMe serial once it appears, and uses its first partition", async () => {
+      let listings = 0;
+      const runner = new FakeRunner(
+        host({
+          serials: () => (++listings < 3 ? "nvme0n1 vol0aaaa\n" : "nvme0n1 vol0aaaa\nnvme1n1 vol0123456789abcdef0\n"),
+          partitions: "nvme1n1\nnvme1n1p1\nnvme1n1p2\n",
+          blkid: () => exited(0, "ext4\n"),
+        }),
+      );
+      await volumes(runner).prepareVolumes([
+        { backend: "aws", name: "ebs", volume_id: "vol-0123456789abcdef0", init_fs: false, device_name: "/dev/sdf" },
+      ]);
+      expect(listings).toBe(3);
+      expect(runner.argvs()).toContain("lsblk -ln -o NAME /dev/nvme1n1");
+      expect(runner.argvs()).toContain(`mount /dev/nvme1n1p1 ${join(mountRoot, "ebs")}`);
+      expectAllBounded(runner);
+    });
+
+    it("gives up on an AWS volume that never appears", async () => {
+      const runner = new FakeRunner(host({ serials: () => "nvme0n1 vol0aaaa\n" }));
+      const started = Date.now();
+      await expect(
+        volumes(runner).prepareVolumes([
+          { backend: "aws", name: "ebs", volume_id: "vol-0123", init_fs: true, device_name: null },
+        ]),
+      ).rejects.toThrow(/volume vol-0123 not found among block devices/);
+      expect(Date.now() - started).toBeLessThan(2_000);
+    });
+
+    it("rejects unknown backends and bad names before running anything", async () => {
+      const runner = new FakeRunner(host({}));
+      await expect(volumes(runner).prepareVolumes([gcp({ backend: "azure" })])).rejects.toThrow(
+        /unsupported volume backend/,
+      );
+      const before = runner.calls.length;
+      await expect(volumes(runner).prepareVolumes([gcp({ name: "../etc" })])).rejects.toBeInstanceOf(
+        InvalidVolumeNameError,
+      );
+      expect(runner.calls.length).toBe(before);
+    });
+
+    it("stops at the first failure, leaving earlier volumes mounted", async () => {
+      await symlink("/dev/sdb", join(byId, "google-pd-data"));
+      const runner = new FakeRunner(host({ blkid: () => exited(0, "ext4\n") }));
+      const mounted: number[] = [];
+      await expect(
+        volumes(runner).prepareVolumes([gcp(), gcp({ name: "other", device_name: "pd-missing" })], (index) => {
+          mounted.push(index);
+          return Promise.resolve();
+        }),
+      ).rejects.toThrow(/volume other/);
+      expect(mounted).toEqual([0]);
+    });
+  });
+
+  describe("unmountVolumes", () => {
+    it("unmounts only mounted volumes and reports every failure at once", async () => {
+      const [a, b, c] = ["a", "b", "c"].map((name) => join(mountRoot, name));
+      const runner = new FakeRunner(host({ mounted: new Set([a ?? "", c ?? ""]), failUmount: new Set([a ?? ""]) }));
+      const error = await volumes(runner)
+        .unmountVolumes(["a", "b", "c"].map((name) => gcp({ name })))
+        .catch((e: unknown) => e);
+      expect(runner.argvs()).toEqual([
+        `mountpoint -q ${a}`,
+        `umount -qf ${a}`,
+        `mountpoint -q ${b}`,
+        `mountpoint -q ${c}`,
+        `umount -qf ${c}`,
+      ]);
+      expect(error).toBeInstanceOf(VolumeUnmountError);
+      expect((error as VolumeUnmountError).mountPoints).toEqual([a]);
+      expect((error as Error).message).toBe(`failed to unmount volume(s): [${a}]`);
+      expectAllBounded(runner);
+    });
+
+    it("is a no-op when nothing is mounted, and treats an unanswered check as a failure", async () => {
+      await expect(volumes(new FakeRunner(host({}))).unmountVolumes([gcp()])).resolves.toBeUndefined();
+      const runner = new FakeRunner(() => expired);
+      await expect(volumes(runner).unmountVolumes([gcp(), gcp({ name: "x/y" })])).rejects.toMatchObject({
+        mountPoints: [join(mountRoot, "data"), "x/y"],
+      });
+    });
+  });
+
+  describe("prepareInstanceMounts", () => {
+    it("creates missing directories world-writable and leaves existing ones alone", async () => {
+      const existing = join(root, "existing");
+      await mkdir(existing);
+      await chmod(existing, 0o700);
+      const created = join(root, "new", "deep", "dir");
+      await volumes(new FakeRunner(host({}))).prepareInstanceMounts([
+        { instance_path: existing, path: "/a" },
+        { instance_path: created, path: "/b" },
+      ]);
+      expect((await stat(existing)).mode & 0o777).toBe(0o700);
+      expect((await stat(created)).mode & 0o777).toBe(0o777);
+      expect((await stat(join(root, "new"))).mode & 0o777).toBe(0o755 & ~process.umask());
+    });
+
+    it.each(["relative/path", "/a/../b", "/a/./b", "/a//b", "", "/a\u0000b"])("rejects %j", async (path) => {
+      await expect(
+        volumes(new FakeRunner(host({}))).prepareInstanceMounts([{ instance_path: path, path: "/x" }]),
+      ).rejects.toBeInstanceOf(InvalidInstancePathError);
+    });
+  });
+});
+
+describe("matchAwsSerial", () => {
+  it("matches the volume id without its dash", () => {
+    const listing = "nvme0n1 vol0aaaa\nnvme1n1 vol0123\nxvda\n";
+    expect(matchAwsSerial(listing, "vol-0123")).toBe("/dev/nvme1n1");
+    expect(matchAwsSerial(listing, "vol-9999")).toBeUndefined();
+    expect(matchAwsSerial(listing, "0123")).toBeUndefined();
+  });
+});

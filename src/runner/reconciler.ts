@@ -1,0 +1,218 @@
+import { setTimeout as sleep } from "node:timers/promises";
+import type { TaskContainerSummary } from "../docker/docker-client.js";
+import type { Task } from "../tasks/task.js";
+import { LAST_LOG_LINES, type RunnerContext } from "./runner-context.js";
+import type { TaskRunner } from "./task-runner.js";
+
+/** How often the safety-net list runs. */
+export const RECONCILE_INTERVAL_MS = 1_000;
+/** Back-off before reconnecting a dropped event stream. */
+const EVENTS_RECONNECT_MS = 1_000;
+
+/** The engine's health as the reconciler last saw it. */
+export type EngineHealth =
+  | { readonly state: "unknown" }
+  | { readonly state: "up"; readonly since: number }
+  | { readonly state: "down"; readonly since: number; readonly error: string };
+
+/** Statistics of the reconcile loop, for metrics and benchmarks. */
+export interface ReconcileStats {
+  ticks: number;
+  lastTickMs: number;
+  finalized: number;
+}
+
+/**
+ * Turns container state into task state. It alone finalizes tasks, it works the same on the
+ * first tick after a restart as on any other, and a missing answer from Docker is never read
+ * as an exit: on an error the task simply waits for the next tick.
+ */
+export class Reconciler {
+  private wake: (() => void) | undefined;
+  private kicked = false;
+  private health: EngineHealth = { state: "unknown" };
+  readonly stats: ReconcileStats = { ticks: 0, lastTickMs: 0, finalized: 0 };
+
+  constructor(
+    private readonly ctx: RunnerContext,
+    private readonly runner: TaskRunner,
+  ) {}
+
+  /** The engine health seen by the last tick. */
+  engineHealth(): EngineHealth {
+    return this.health;
+  }
+
+  /** Asks for a tick as soon as possible (an event said a container changed). */
+  kick(): void {
+    this.kicked = true;
+    this.wake?.();
+  }
+
+  /** One pass: one labelled list, and an inspect only for containers no longer running. */
+  async tick(): Promise<void> {
+    const started = performance.now();
+    this.stats.ticks++;
+    try {
+      const candidates = this.ctx.store
+        .list()
+        .filter((t) => !t.startInFlight && (t.status === "running" || (t.status === "terminated" && !t.cleanedUp)));
+      let containers: TaskContainerSummary[];
+      try {
+        containers = await this.ctx.docker.listTaskContainers(this.ctx.shutdown);
+        this.markUp();
+      } catch (error) {
+        this.markDown(error as Error);
+        return;
+      }
+      const byTask = new Map(containers.map((c) => [c.taskId, c]));
+      for (const task of candidates) {
+        if (this.ctx.shutdown.aborted) return;
+        await this.processTask(task.id, byTask.get(task.id));
+      }
+    } finally {
+      this.stats.lastTickMs = performance.now() - started;
+    }
+  }
+
+  private markUp(): void {
+    if (this.health.state !== "up") {
+      if (this.health.state === "down") this.ctx.log.info("docker engine reachable again");
+      this.health = { state: "up", since: Date.now() };
+    }
+  }
+
+  private markDown(error: Error): void {
+    if (this.health.state !== "down") {
+      this.ctx.log.error({ err: error }, "docker engine unreachable; tasks keep their status");
+      this.health = { state: "down", since: Date.now(), error: error.message };
+    }
+  }
+
+  private async processTask(id: string, listed: TaskContainerSummary | undefined): Promise<void> {
+    const { store, log } = this.ctx;
+    const unlock = store.tryLock(id);
+    if (!unlock) return;
+    try {
+      const task = store.get(id);
+      if (!task || task.startInFlight) return;
+      if (task.status === "running") await this.processRunning(task, listed);
+      else if (task.status === "terminated" && !task.cleanedUp) await this.processTerminated(task, listed);
+    } catch (error) {
+      log.warn({ taskId: id, err: error }, "reconcile of task failed; retrying next tick");
+    } finally {
+      unlock();
+    }
+  }
+
+  private async processRunning(task: Task, listed: TaskContainerSummary | undefined): Promise<void> {
+    const { docker } = this.ctx;
+    const state = listed?.state;
+    if (state === "running" || state === "paused" || state === "restarting") return;
+    // Not listed, or no longer running: confirm with an inspect before any terminal decision.
+    const details = await docker.inspectContainer(task.containerId || task.containerName, this.ctx.shutdown);
+    if (!details) {
+      await this.finalize(task, "executor_error", "container not found", null);
+      return;
+    }
+    switch (details.state) {
+      case "running":
+      case "paused":
+      case "restarting":
+        return;
+      case "created":
+        await this.finalize(task, "executor_error", "container was not started", null);
+        return;
+      case "exited":
+      case "dead":
+      case "removing": {
+        if (details.exitCode === 0) {
+          await this.finalize(task, "done_by_runner", "", 0);
+          return;
+        }
+        const lines = await docker.containerLogTail(details.id, LAST_LOG_LINES, this.ctx.shutdown).catch(() => []);
+        const message = [...(details.oomKilled ? ["container was OOM-killed"] : []), ...lines]
+          .join("\n")
+          .slice(-4096);
+        await this.finalize(task, "container_exited_with_error", message, details.exitCode);
+        return;
+      }
+    }
+  }
+
+  private async processTerminated(task: Task, listed: TaskContainerSummary | undefined): Promise<void> {
+    const { docker } = this.ctx;
+    if (listed && (listed.state === "running" || listed.state === "paused" || listed.state === "restarting")) {
+      // Terminated while the start was starting it, or the stop was cut by a restart.
+      await docker.stopContainer(listed.id, 0, this.ctx.shutdown);
+    }
+    if (task.exitCode === undefined && listed) {
+      const details = await docker.inspectContainer(listed.id, this.ctx.shutdown);
+      if (details && details.state !== "running" && details.state !== "created") {
+        await this.runner.commit(task.id, (d) => (d.exitCode = details.exitCode));
+      }
+    }
+    await this.runner.release(task.id);
+  }
+
+  private async finalize(
+    task: Task,
+    reason: "executor_error" | "done_by_runner" | "container_exited_with_error",
+    message: string,
+    exitCode: number | null,
+  ): Promise<void> {
+    // The terminal status is durable before the release starts: a crash in between re-runs
+    // only the (idempotent) release.
+    await this.runner.commit(task.id, (d) => {
+      d.status = "terminated";
+      d.terminationReason = reason;
+      d.terminationMessage = message;
+      d.exitCode = exitCode;
+    });
+    this.stats.finalized++;
+    this.ctx.log.info({ taskId: task.id, reason, exitCode }, "task finished");
+    await this.runner.release(task.id);
+  }
+
+  /** Ticks every second (or at once when kicked) until the shutdown signal aborts. */
+  async run(): Promise<void> {
+    const { shutdown, log } = this.ctx;
+    while (!shutdown.aborted) {
+      this.kicked = false;
+      await this.tick().catch((error: unknown) => log.error({ err: error }, "reconcile tick failed"));
+      if (this.kicked || shutdown.aborted) continue;
+      await new Promise<void>((resolve) => {
+        const timer = setTimeout(done, RECONCILE_INTERVAL_MS);
+        function done(): void {
+          clearTimeout(timer);
+          shutdown.removeEventListener("abort", done);
+          resolve();
+        }
+        this.wake = done;
+        shutdown.addEventListener("abort", done, { once: true });
+      });
+      this.wake = undefined;
+    }
+  }
+
+  /**
+   * Follows the engine's event stream and kicks a tick when a task container dies, so an exit
+   * is seen in milliseconds; the 1 s list remains the safety net. A dropped stream reconnects.
+   */
+  async followEvents(): Promise<void> {
+    const { docker, shutdown, log } = this.ctx;
+    while (!shutdown.aborted) {
+      try {
+        for await (const event of docker.containerEvents(shutdown)) {
+          if (event.action === "die" || event.action === "destroy" || event.action === "oom") this.kick();
+        }
+      } catch (error) {
+        if (!shutdown.aborted) log.debug({ err: error }, "docker event stream dropped; reconnecting");
+      }
+      if (shutdown.aborted) return;
+      // Events may have been missed while disconnected: let the list catch up.
+      this.kick();
+      await sleep(EVENTS_RECONNECT_MS, undefined, { signal: shutdown }).catch(() => undefined);
+    }
+  }
+}

@@ -1,0 +1,173 @@
+import { existsSync } from "node:fs";
+import type { TaskContainerSummary } from "../docker/docker-client.js";
+import { gpuIdsFromContainer } from "../host/gpu-inventory.js";
+import { UnsupportedTaskStateVersionError, type TaskState } from "../state/task-state-file.js";
+import { containerNameFor } from "../tasks/container-name.js";
+import type { Task } from "../tasks/task.js";
+import { parseTaskConfig } from "../tasks/task-config.js";
+import type { TaskStatus } from "../tasks/task-status.js";
+import type { RunnerContext } from "./runner-context.js";
+
+/** What startup found and did, for logs and metrics. */
+export interface RestoreReport {
+  readonly restored: number;
+  /** Tasks whose start resumes (they had no running container yet). */
+  readonly resumed: string[];
+  /** State files renamed aside because they could not be read. */
+  readonly quarantined: string[];
+  /** State files of a newer format: left alone, never deleted. */
+  readonly skippedNewer: string[];
+  /** Labelled containers without a task id label. */
+  readonly ignoredContainers: string[];
+}
+
+const PRE_CONTAINER: readonly TaskStatus[] = ["pending", "preparing", "pulling", "creating"];
+
+/**
+ * Rebuilds the in-memory tasks from Docker (what runs) and task.json (what was intended),
+ * before the API serves. A task owns only the GPUs it newly locks here, so two restored
+ * tasks can never both release the same GPU.
+ */
+export async function restoreTasks(ctx: RunnerContext): Promise<RestoreReport> {
+  const { docker, dirs, store, gpuLock, log } = ctx;
+  const scanned = await dirs.scan();
+  const containers = await docker.listTaskContainers(ctx.shutdown);
+
+  const states = new Map<string, { dir: string; state: TaskState }>();
+  const quarantined: string[] = [];
+  const skippedNewer: string[] = [];
+  for (const entry of scanned) {
+    if (entry.kind === "no-state") continue;
+    if (entry.kind === "unreadable") {
+      if (entry.error instanceof UnsupportedTaskStateVersionError) {
+        log.warn({ dir: entry.dir, err: entry.error }, "task state of a newer format left alone");
+        skippedNewer.push(entry.dir);
+      } else {
+        const target = await dirs.quarantine(entry.dir).catch(() => entry.dir);
+        log.error({ dir: entry.dir, quarantinedAs: target, err: entry.error }, "corrupt task state quarantined");
+        quarantined.push(target);
+      }
+      continue;
+    }
+    if (states.has(entry.state.id)) {
+      log.error({ dir: entry.dir, taskId: entry.state.id }, "duplicate task state ignored");
+      continue;
+    }
+    states.set(entry.state.id, { dir: entry.dir, state: entry.state });
+  }
+
+  const ignoredContainers: string[] = [];
+  const resumed: string[] = [];
+  const byTask = new Map<string, TaskContainerSummary>();
+  for (const container of containers) {
+    if (container.taskId === "") {
+      ignoredContainers.push(container.name);
+      continue;
+    }
+    if (byTask.has(container.taskId)) {
+      log.error({ taskId: container.taskId, container: container.name }, "second container for one task ignored");
+      ignoredContainers.push(container.name);
+      continue;
+    }
+    byTask.set(container.taskId, container);
+  }
+
+  for (const [taskId, container] of byTask) {
+    const stored = states.get(taskId);
+    const details = await docker.inspectContainer(container.id, ctx.shutdown).catch(() => undefined);
+    const config = stored?.state.config ?? legacyConfig(taskId, container);
+    const cleanedUp = stored?.state.cleaned_up ?? false;
+    const ownedGpus = cleanedUp
+      ? []
+      : gpuLock.lock(gpuIdsFromContainer(ctx.inventory, details?.hostConfig ?? undefined));
+    const reason = stored?.state.termination_reason ?? "";
+    // A task whose start was cut before it committed `running` resumes and adopts its container.
+    const status: TaskStatus =
+      reason !== ""
+        ? "terminated"
+        : stored?.state.status && PRE_CONTAINER.includes(stored.state.status) && container.state === "created"
+          ? "creating"
+          : "running";
+    const taskDir = stored?.dir ?? legacyDir(ctx, container.name);
+    add(ctx, {
+      id: taskId,
+      status,
+      terminationReason: reason,
+      terminationMessage: stored?.state.termination_message ?? "",
+      config,
+      containerName: container.name,
+      containerId: container.id,
+      ports: container.state === "created" ? null : (details?.ports ?? []),
+      gpuIds: ownedGpus,
+      pullProgress: null,
+      taskDir,
+      cleanedUp,
+      startInFlight: false,
+      ...(stored?.state.exit_code !== undefined ? { exitCode: stored.state.exit_code } : {}),
+    });
+    if (status === "creating") resumed.push(taskId);
+  }
+
+  for (const [taskId, { dir, state }] of states) {
+    if (byTask.has(taskId)) continue;
+    const reason = state.termination_reason;
+    const persisted = state.status;
+    let status: TaskStatus;
+    if (reason !== "") status = "terminated";
+    else if (persisted && PRE_CONTAINER.includes(persisted)) status = persisted;
+    // It ran (or a dstack-shim wrote it): its container is gone. The reconciler finalizes it
+    // as "container not found" with the exit code unknown.
+    else status = "running";
+    add(ctx, {
+      id: taskId,
+      status,
+      terminationReason: reason,
+      terminationMessage: state.termination_message,
+      config: state.config,
+      containerName: containerNameFor(state.config.name, state.config.id),
+      containerId: "",
+      ports: null,
+      gpuIds: [],
+      pullProgress: null,
+      taskDir: dir,
+      cleanedUp: state.cleaned_up,
+      startInFlight: false,
+      ...(state.exit_code !== undefined ? { exitCode: state.exit_code } : {}),
+    });
+    if (PRE_CONTAINER.includes(status)) resumed.push(taskId);
+  }
+
+  log.info(
+    { restored: store.size, resumed: resumed.length, quarantined: quarantined.length, skippedNewer: skippedNewer.length },
+    "tasks restored",
+  );
+  return { restored: store.size, resumed, quarantined, skippedNewer, ignoredContainers };
+}
+
+function add(ctx: RunnerContext, task: Task): void {
+  try {
+    ctx.store.add(task);
+  } catch (error) {
+    ctx.gpuLock.release(task.gpuIds);
+    ctx.log.error({ taskId: task.id, err: error }, "task not restored");
+  }
+}
+
+/** A container created by a shim without task.json: only what the container itself tells. */
+function legacyConfig(taskId: string, container: TaskContainerSummary) {
+  const name = container.name.replace(/-[0-9a-f]{8}$/, "") || "task";
+  try {
+    return parseTaskConfig({ id: taskId, name, image_name: "unknown" }).config;
+  } catch {
+    return parseTaskConfig({ id: "legacy-task", name: "legacy", image_name: "unknown" }).config;
+  }
+}
+
+function legacyDir(ctx: RunnerContext, containerName: string): string {
+  try {
+    const dir = ctx.dirs.dirFor(containerName);
+    return existsSync(dir) ? dir : "";
+  } catch {
+    return "";
+  }
+}

@@ -1,0 +1,30 @@
+import type { Logger } from "pino";
+import type { ContainerParams } from "../docker/container-spec.js";
+import type { DockerClient } from "../docker/docker-client.js";
+import type { GpuInventory } from "../host/gpu-inventory.js";
+import type { GpuLock } from "../host/gpu-lock.js";
+import type { HostKeysReconciler } from "../host/authorized-keys.js";
+import type { HostVolumes } from "../host/volumes.js";
+import type { TaskDirs } from "../state/task-dirs.js";
+import type { TaskStore } from "../tasks/task-store.js";
+
+/** Everything the lifecycle engine talks to; each external system behind its own port. */
+export interface RunnerContext {
+  readonly docker: DockerClient;
+  readonly store: TaskStore;
+  readonly dirs: TaskDirs;
+  readonly inventory: GpuInventory;
+  readonly gpuLock: GpuLock;
+  readonly hostKeys: HostKeysReconciler;
+  readonly volumes: HostVolumes;
+  readonly params: ContainerParams;
+  readonly bootId: string;
+  readonly log: Logger;
+  /** Aborted when the shim shuts down: long operations (pulls) end through it. */
+  readonly shutdown: AbortSignal;
+}
+
+/** Lines of container log kept as the termination message of a failed task. */
+export const LAST_LOG_LINES = 5;
+/** Upper bound of one image pull (dstack-shim's ImagePullTimeout). */
+export const IMAGE_PULL_TIMEOUT_MS = 20 * 60 * 1000;

@@ -1,0 +1,478 @@
+import { open } from "node:fs/promises";
+import { join } from "node:path";
+import { buildContainerSpec } from "../docker/container-spec.js";
+import type { PullAuth } from "../docker/docker-client.js";
+import { DockerConflictError } from "../docker/docker-errors.js";
+import {
+  formatPullReference,
+  isLatestOrUntagged,
+  parseImageReference,
+  registryServerAddress,
+} from "../docker/image-ref.js";
+import { consumePullStream, PullTracker } from "../docker/pull-progress.js";
+import { linkedSignal } from "../exec/linked-signal.js";
+import { gpuContainerConfig } from "../host/gpu-inventory.js";
+import { TaskDirs } from "../state/task-dirs.js";
+import { containerNameFor } from "../tasks/container-name.js";
+import type { Task, TaskDraft } from "../tasks/task.js";
+import { sameTaskConfig, type RegistryAuth, type TaskConfig } from "../tasks/task-config.js";
+import { TaskNotFoundError } from "../tasks/task-store.js";
+import { TASK_STATUSES, type TaskStatus } from "../tasks/task-status.js";
+import type { TerminationReason } from "../tasks/termination-reason.js";
+import { IMAGE_PULL_TIMEOUT_MS, LAST_LOG_LINES, type RunnerContext } from "./runner-context.js";
+import { TaskPersister } from "./task-persister.js";
+
+/** A submit reused an id with a different config. */
+export class TaskConflictError extends Error {
+  override readonly name = "TaskConflictError";
+}
+/** The operation is not allowed in the task's current status (HTTP 409). */
+export class TaskStateError extends Error {
+  override readonly name = "TaskStateError";
+}
+/** A Docker or host operation failed while serving a request (HTTP 500). */
+export class TaskOperationError extends Error {
+  override readonly name = "TaskOperationError";
+}
+
+/** A start step failed; carries the reason the task terminates with. */
+class StartStepError extends Error {
+  override readonly name = "StartStepError";
+  constructor(
+    readonly reason: TerminationReason,
+    message: string,
+    options?: ErrorOptions,
+  ) {
+    super(message, options);
+  }
+}
+
+/** The start was overtaken by a terminate or remove; not an error of the task. */
+class StartAbandoned extends Error {
+  override readonly name = "StartAbandoned";
+}
+
+const statusRank = (status: TaskStatus): number => TASK_STATUSES.indexOf(status);
+
+/**
+ * The task lifecycle: submit, start (prepare → pull → create → start → running, then return),
+ * terminate, remove and the one idempotent release. Completion is not here: the reconciler
+ * alone turns container state into a terminal status, so nothing depends on a promise that a
+ * `kill -9` could cut.
+ */
+export class TaskRunner {
+  readonly persister: TaskPersister;
+  private readonly credentials = new Map<string, RegistryAuth>();
+  private readonly pulls = new Map<string, AbortController>();
+  private readonly starts = new Map<string, Promise<void>>();
+  private readonly submits = new Map<string, Promise<void>>();
+
+  constructor(private readonly ctx: RunnerContext) {
+    this.persister = new TaskPersister(ctx.store, ctx.bootId, ctx.log);
+  }
+
+  /** Applies a change to a task and makes it durable before returning. */
+  async commit(id: string, fn: (draft: TaskDraft) => void): Promise<Task> {
+    const task = this.ctx.store.modify(id, fn);
+    await this.persister.persist(id);
+    return task;
+  }
+
+  /**
+   * Adds a task, persists it (so a 200 answer is durable), and starts it in the background.
+   * The same id with the same config returns the existing task (a retried submit whose answer
+   * was lost); a different config under that id is a conflict.
+   */
+  async submit(config: TaskConfig, auth: RegistryAuth): Promise<Task> {
+    const existing = this.ctx.store.get(config.id);
+    if (existing) {
+      if (!sameTaskConfig(existing.config, config)) {
+        throw new TaskConflictError(`task ${config.id} is already submitted with a different config`);
+      }
+      await this.submits.get(config.id);
+      return this.ctx.store.mustGet(config.id);
+    }
+    const containerName = containerNameFor(config.name, config.id);
+    this.ctx.store.add({
+      id: config.id,
+      status: "pending",
+      terminationReason: "",
+      terminationMessage: "",
+      config,
+      containerName,
+      containerId: "",
+      ports: null,
+      gpuIds: [],
+      pullProgress: null,
+      taskDir: "",
+      cleanedUp: false,
+      startInFlight: false,
+    });
+    const persisted = (async () => {
+      try {
+        const taskDir = await this.ctx.dirs.make(containerName);
+        await this.commit(config.id, (d) => {
+          d.taskDir = taskDir;
+        });
+      } catch (cause) {
+        this.ctx.store.delete(config.id);
+        throw new TaskOperationError(`failed to create task ${config.id}: ${(cause as Error).message}`, { cause });
+      }
+    })();
+    this.submits.set(config.id, persisted);
+    try {
+      await persisted;
+    } finally {
+      this.submits.delete(config.id);
+    }
+    if (auth.username !== "" || auth.password !== "") this.credentials.set(config.id, auth);
+    this.ctx.log.info({ taskId: config.id, containerName, image: config.image_name }, "task submitted");
+    this.startInBackground(config.id);
+    return this.ctx.store.mustGet(config.id);
+  }
+
+  /** Starts (or resumes) a task without waiting; `awaitStarts` collects the promises. */
+  startInBackground(id: string): void {
+    if (this.starts.has(id)) return;
+    const run = this.start(id)
+      .catch((error: unknown) => this.ctx.log.error({ taskId: id, err: error }, "start failed unexpectedly"))
+      .finally(() => this.starts.delete(id));
+    this.starts.set(id, run);
+  }
+
+  /** Waits until every start in flight has reached a safe point (shutdown). */
+  async awaitStarts(): Promise<void> {
+    await Promise.allSettled([...this.starts.values()]);
+  }
+
+  /** Cancels every pull in flight (shutdown): the tasks stay in `pulling` and resume later. */
+  cancelPulls(): void {
+    for (const controller of this.pulls.values()) controller.abort(new Error("shim shutting down"));
+  }
+
+  /**
+   * Moves a task forward to `status` unless it is already there or beyond; throws
+   * `StartAbandoned` once the task was terminated or removed underneath the start.
+   */
+  private async advance(id: string, fn: (d: TaskDraft) => void, status?: TaskStatus): Promise<Task> {
+    const current = this.ctx.store.get(id);
+    if (!current) throw new StartAbandoned("task removed");
+    if (current.status === "terminated") throw new StartAbandoned("task terminated");
+    return this.commit(id, (d) => {
+      fn(d);
+      if (status && statusRank(status) > statusRank(d.status)) d.status = status;
+    });
+  }
+
+  /**
+   * prepare → pull → create → start → running, then return. Every step is idempotent, so a
+   * start interrupted by a restart can simply run again from the persisted status.
+   */
+  async start(id: string): Promise<void> {
+    const { store, log } = this.ctx;
+    const initial = store.get(id);
+    if (!initial || initial.status === "terminated" || initial.status === "running") return;
+    let started = false;
+    try {
+      await this.advance(id, (d) => (d.startInFlight = true), "preparing");
+      await this.prepare(id);
+      await this.advance(id, () => undefined, "pulling");
+      await this.pull(id);
+      await this.advance(id, () => undefined, "creating");
+      await this.createAndStart(id);
+      started = true;
+    } catch (error) {
+      if (error instanceof StartAbandoned || error instanceof TaskNotFoundError) {
+        log.info({ taskId: id, why: (error as Error).message }, "start abandoned");
+      } else {
+        const reason = error instanceof StartStepError ? error.reason : "executor_error";
+        const message = (error as Error).message;
+        log.warn({ taskId: id, reason, err: error }, "task failed to start");
+        await this.commit(id, (d) => {
+          d.status = "terminated";
+          d.terminationReason = reason;
+          d.terminationMessage = message;
+        }).catch((e: unknown) => log.error({ taskId: id, err: e }, "failed to record start failure"));
+      }
+    } finally {
+      this.credentials.delete(id);
+      if (!started) await this.handOver(id);
+    }
+  }
+
+  /** A start that did not reach `running` hands the task over: release now if nothing can run. */
+  private async handOver(id: string): Promise<void> {
+    const task = this.ctx.store.get(id);
+    if (!task) return;
+    await this.commit(id, (d) => (d.startInFlight = false)).catch(() => undefined);
+    // With a container, the reconciler owns the rest (it may have to stop it first).
+    if (task.containerId === "" && task.status === "terminated") {
+      await this.ctx.store.withLock(id, () => this.release(id)).catch((error: unknown) => {
+        this.ctx.log.error({ taskId: id, err: error }, "release after failed start failed");
+      });
+    }
+  }
+
+  private async prepare(id: string): Promise<void> {
+    const { gpuLock, hostKeys, volumes } = this.ctx;
+    const task = this.ctx.store.mustGet(id);
+    const config = task.config;
+    if (config.gpu !== 0 && task.gpuIds.length === 0) {
+      let ids: string[];
+      try {
+        ids = gpuLock.acquire(config.gpu);
+      } catch (cause) {
+        throw new StartStepError("executor_error", (cause as Error).message, { cause });
+      }
+      // Committed at once, so a concurrent terminate or a failure releases exactly these.
+      await this.advance(id, (d) => (d.gpuIds = ids)).catch((error: unknown) => {
+        gpuLock.release(ids);
+        throw error;
+      });
+    }
+    if (config.host_ssh_keys.length > 0) {
+      try {
+        await hostKeys.reconcile(this.hostKeysByUser());
+      } catch (cause) {
+        throw new StartStepError("executor_error", `host ssh keys: ${(cause as Error).message}`, { cause });
+      }
+    }
+    try {
+      await volumes.prepareVolumes(config.volumes);
+    } catch (cause) {
+      throw new StartStepError("executor_error", `prepareVolumes error: ${(cause as Error).message}`, { cause });
+    }
+    try {
+      await volumes.prepareInstanceMounts(config.instance_mounts);
+    } catch (cause) {
+      throw new StartStepError("executor_error", `prepareInstanceMountPoints error: ${(cause as Error).message}`, {
+        cause,
+      });
+    }
+  }
+
+  private async pull(id: string): Promise<void> {
+    const { docker, store, log } = this.ctx;
+    const task = store.mustGet(id);
+    let pullRef: string;
+    let auth: PullAuth | undefined;
+    try {
+      const ref = parseImageReference(task.config.image_name);
+      pullRef = formatPullReference(ref);
+      const creds = this.credentials.get(id);
+      if (creds) auth = { username: creds.username, password: creds.password, serveraddress: registryServerAddress(ref) };
+      if (!isLatestOrUntagged(ref) && (await docker.imageExists(pullRef))) {
+        log.debug({ taskId: id, image: pullRef }, "image present, pull skipped");
+        return;
+      }
+    } catch (cause) {
+      throw new StartStepError("creating_container_error", `pullImage error: ${(cause as Error).message}`, { cause });
+    }
+
+    const controller = new AbortController();
+    this.pulls.set(id, controller);
+    const bounded = linkedSignal(this.ctx.shutdown, IMAGE_PULL_TIMEOUT_MS);
+    const onAbort = (): void => controller.abort(bounded.signal.reason);
+    bounded.signal.addEventListener("abort", onAbort, { once: true });
+    const tracker = new PullTracker();
+    const pullLog = await open(join(task.taskDir, "pull.log"), "w", 0o600).catch(() => undefined);
+    let lastUpdate = 0;
+    try {
+      const stream = await docker.pullImage(pullRef, auth, controller.signal);
+      await consumePullStream(stream, {
+        signal: controller.signal,
+        onMessage: (message, rawLine) => {
+          tracker.update(message);
+          void pullLog?.write(`${rawLine}\n`).catch(() => undefined);
+          const now = Date.now();
+          if (now - lastUpdate >= 100) {
+            lastUpdate = now;
+            const progress = tracker.progress();
+            if (store.get(id)) store.modify(id, (d) => (d.pullProgress = progress));
+          }
+        },
+      });
+      if (store.get(id)) store.modify(id, (d) => (d.pullProgress = tracker.progress()));
+      log.info({ taskId: id, image: pullRef }, "image pulled");
+    } catch (cause) {
+      if (this.ctx.shutdown.aborted) throw new StartAbandoned("shim shutting down during pull");
+      const progress = tracker.progress();
+      const detail = progress ? ` (downloaded ${progress.downloaded_bytes} of ${progress.total_bytes} bytes)` : "";
+      throw new StartStepError(
+        "creating_container_error",
+        `pullImage error: failed pulling ${pullRef}${detail}: ${(cause as Error).message}`,
+        { cause },
+      );
+    } finally {
+      bounded.signal.removeEventListener("abort", onAbort);
+      bounded.dispose();
+      this.pulls.delete(id);
+      await pullLog?.close().catch(() => undefined);
+    }
+  }
+
+  /**
+   * Creates (or adopts) the container and starts it, holding the task lock so a terminate
+   * either comes before (nothing is created) or after (it sees the container).
+   */
+  private async createAndStart(id: string): Promise<void> {
+    const { docker, store, log } = this.ctx;
+    await store.withLock(id, async () => {
+      let task = store.get(id);
+      if (!task) throw new StartAbandoned("task removed");
+      if (task.status === "terminated") throw new StartAbandoned("task terminated");
+      let containerId = await this.findOwnContainer(task);
+      if (containerId === "") {
+        const gpu = task.gpuIds.length > 0 ? gpuContainerConfig(this.ctx.inventory, task.gpuIds) : undefined;
+        const spec = buildContainerSpec({
+          config: { ...task.config, image_name: formatPullReference(parseImageReference(task.config.image_name)) },
+          containerName: task.containerName,
+          runnerDir: TaskDirs.runnerDir(task.taskDir),
+          params: this.ctx.params,
+          gpu,
+        });
+        try {
+          containerId = await docker.createContainer(spec);
+        } catch (cause) {
+          // A create that timed out may still have happened: adopt rather than duplicate.
+          containerId = cause instanceof DockerConflictError ? await this.findOwnContainer(task) : "";
+          if (containerId === "") {
+            throw new StartStepError("creating_container_error", `createContainer error: ${(cause as Error).message}`, {
+              cause,
+            });
+          }
+        }
+      }
+      task = await this.commit(id, (d) => (d.containerId = containerId));
+      try {
+        await docker.startContainer(containerId);
+      } catch (cause) {
+        const logs = await docker.containerLogTail(containerId, LAST_LOG_LINES).catch(() => []);
+        throw new StartStepError(
+          "container_exited_with_error",
+          logs.length > 0 ? logs.join("\n") : `startContainer error: ${(cause as Error).message}`,
+          { cause },
+        );
+      }
+      let ports: Task["ports"] = [];
+      if (task.config.network_mode === "bridge") {
+        ports = (await docker.inspectContainer(containerId).catch(() => undefined))?.ports ?? [];
+      }
+      await this.commit(id, (d) => {
+        d.ports = ports;
+        d.startInFlight = false;
+        d.status = "running";
+      });
+      log.info({ taskId: id, containerId }, "task running");
+    });
+  }
+
+  /** A container of this task that already exists (by name, with our task label), or "". */
+  private async findOwnContainer(task: Task): Promise<string> {
+    const candidate = await this.ctx.docker.inspectContainer(task.containerId || task.containerName);
+    if (!candidate) return "";
+    if (candidate.taskId !== task.id) {
+      throw new StartStepError(
+        "creating_container_error",
+        `createContainer error: a container named ${task.containerName} exists and belongs to another task`,
+      );
+    }
+    return candidate.id;
+  }
+
+  /** The host keys every live (not released) task needs, per user. */
+  hostKeysByUser(extraUsers: readonly string[] = []): Map<string, string[]> {
+    const byUser = new Map<string, string[]>(extraUsers.map((u) => [u, []]));
+    for (const task of this.ctx.store.list()) {
+      if (task.cleanedUp || task.config.host_ssh_user === "" || task.config.host_ssh_keys.length === 0) continue;
+      const keys = byUser.get(task.config.host_ssh_user) ?? [];
+      keys.push(...task.config.host_ssh_keys);
+      byUser.set(task.config.host_ssh_user, keys);
+    }
+    return byUser;
+  }
+
+  /**
+   * Releases everything a task holds — volumes, host keys, GPUs — exactly once. The caller
+   * holds the task lock and the container must not be running. `cleanedUp` is set in memory
+   * first (so the task's keys leave the reconciled set) and persisted only after the release:
+   * a crash in between re-runs the release, and each step is a no-op the second time.
+   */
+  async release(id: string): Promise<void> {
+    const { store, volumes, hostKeys, gpuLock, log } = this.ctx;
+    const task = store.get(id);
+    if (!task || task.cleanedUp) return;
+    store.modify(id, (d) => (d.cleanedUp = true));
+    const problems: string[] = [];
+    await volumes.unmountVolumes(task.config.volumes).catch((e: unknown) => problems.push((e as Error).message));
+    if (task.config.host_ssh_keys.length > 0 && task.config.host_ssh_user !== "") {
+      await hostKeys
+        .reconcile(this.hostKeysByUser([task.config.host_ssh_user]))
+        .catch((e: unknown) => problems.push((e as Error).message));
+    }
+    const released = gpuLock.release(task.gpuIds);
+    if (store.get(id)) await this.commit(id, (d) => (d.gpuIds = []));
+    if (problems.length > 0) log.error({ taskId: id, problems }, "task resources released with errors");
+    else log.info({ taskId: id, gpus: released }, "task resources released");
+  }
+
+  /**
+   * Terminates a task: the intent (status, reason, message) is persisted first, then a pull
+   * is cancelled or the container stopped, then resources are released. Terminating a
+   * terminated task is a no-op that keeps the first reason.
+   */
+  async terminate(id: string, timeoutSeconds: number, reason: TerminationReason, message: string): Promise<Task> {
+    const { store, docker, log } = this.ctx;
+    const unlock = await store.lock(id);
+    try {
+      const before = store.mustGet(id);
+      const task = await this.commit(id, (d) => {
+        d.status = "terminated";
+        d.terminationReason = reason;
+        d.terminationMessage = message;
+      });
+      if (before.status !== "terminated") log.info({ taskId: id, reason, from: before.status }, "task terminated");
+      this.pulls.get(id)?.abort(new Error(`terminated: ${reason}`));
+      if (task.containerId !== "") {
+        try {
+          await docker.stopContainer(task.containerId, timeoutSeconds);
+        } catch (cause) {
+          throw new TaskOperationError(`failed to stop container: ${(cause as Error).message}`, { cause });
+        }
+        const details = await docker.inspectContainer(task.containerId).catch(() => undefined);
+        if (details && task.exitCode === undefined && details.state !== "running") {
+          await this.commit(id, (d) => (d.exitCode = details.exitCode));
+        }
+      }
+      // A start in flight releases its own resources when it notices the terminate.
+      if (!store.mustGet(id).startInFlight) await this.release(id);
+      return store.mustGet(id);
+    } finally {
+      unlock();
+    }
+  }
+
+  /** Removes a terminated task: its container (confirmed), its resources, its dir, its record. */
+  async remove(id: string): Promise<void> {
+    const { store, docker, dirs, log } = this.ctx;
+    const unlock = await store.lock(id);
+    try {
+      const task = store.mustGet(id);
+      if (task.status !== "terminated") {
+        throw new TaskStateError(`cannot remove task ${id} with ${task.status} status`);
+      }
+      try {
+        await docker.removeContainer(task.containerId || task.containerName);
+      } catch (cause) {
+        throw new TaskOperationError(`failed to remove container task=${id}: ${(cause as Error).message}`, { cause });
+      }
+      await this.release(id);
+      store.delete(id);
+      await this.persister.settle(id);
+      if (task.taskDir !== "") await dirs.remove(task.taskDir);
+      log.info({ taskId: id }, "task removed");
+    } finally {
+      unlock();
+    }
+  }
+}

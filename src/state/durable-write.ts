@@ -1,0 +1,45 @@
+import { open, rename, unlink } from "node:fs/promises";
+import { basename, dirname, join } from "node:path";
+
+let counter = 0;
+
+/** The prefix of temp files written next to their target; swept at startup. */
+export function tempFilePrefix(target: string): string {
+  return `.${basename(target)}.tmp-`;
+}
+
+/**
+ * Replaces `target` with `data` so that after a crash at any instant the file is either the
+ * old or the new content, and the new name survives a power loss: temp file, fsync, rename,
+ * fsync the directory.
+ *
+ * Hand-written because write-file-atomic never fsyncs the parent directory.
+ */
+export async function writeFileDurably(target: string, data: string | Uint8Array, mode = 0o600): Promise<void> {
+  const dir = dirname(target);
+  const temp = join(dir, `${tempFilePrefix(target)}${process.pid}-${++counter}`);
+  const file = await open(temp, "wx", mode);
+  try {
+    try {
+      await file.writeFile(data);
+      await file.sync();
+    } finally {
+      await file.close();
+    }
+    await rename(temp, target);
+  } catch (error) {
+    await unlink(temp).catch(() => undefined);
+    throw error;
+  }
+  await syncDirectory(dir);
+}
+
+/** fsyncs a directory so that entries created, renamed or removed in it are durable. */
+export async function syncDirectory(dir: string): Promise<void> {
+  const handle = await open(dir, "r");
+  try {
+    await handle.sync();
+  } finally {
+    await handle.close();
+  }
+}

@@ -1,0 +1,110 @@
+import { chmod, mkdir, readdir, rename, rm, unlink } from "node:fs/promises";
+import { join, relative, resolve, sep } from "node:path";
+import { syncDirectory, tempFilePrefix } from "./durable-write.js";
+import { readTaskState, TASK_STATE_FILE, type TaskState } from "./task-state-file.js";
+
+/** The subdir of a task dir that is bind-mounted into the container as /tmp/runner. */
+export const RUNNER_SUBDIR = "runner";
+
+/** A task dir found at startup, with its state or the reason it could not be read. */
+export type ScannedTaskDir =
+  | { readonly kind: "state"; readonly dir: string; readonly state: TaskState }
+  | { readonly kind: "unreadable"; readonly dir: string; readonly error: Error }
+  | { readonly kind: "no-state"; readonly dir: string };
+
+/** A path would leave the tasks dir. */
+export class UnsafeTaskDirError extends Error {
+  override readonly name = "UnsafeTaskDirError";
+}
+
+/**
+ * The `<home>/runners` tree: one private dir (0700) per task named after its container,
+ * holding task.json and pull.log, and a `runner/` subdir (0755) that is the only part the
+ * container sees (dstack-shim #4223 layout).
+ */
+export class TaskDirs {
+  readonly root: string;
+
+  constructor(home: string) {
+    this.root = resolve(home, "runners");
+  }
+
+  /** The task dir for a container name, refusing anything that escapes the root. */
+  dirFor(containerName: string): string {
+    const dir = resolve(this.root, containerName);
+    const rel = relative(this.root, dir);
+    if (rel === "" || rel.startsWith("..") || rel.includes(sep) || containerName.startsWith(".")) {
+      throw new UnsafeTaskDirError(`refusing task dir name ${JSON.stringify(containerName)}`);
+    }
+    return dir;
+  }
+
+  /** The mounted runner subdir of a task dir. */
+  static runnerDir(taskDir: string): string {
+    return join(taskDir, RUNNER_SUBDIR);
+  }
+
+  /** Creates (idempotently) the task dir and its runner subdir, durably. */
+  async make(containerName: string): Promise<string> {
+    const dir = this.dirFor(containerName);
+    await mkdir(this.root, { recursive: true, mode: 0o755 });
+    await mkdir(dir, { recursive: true, mode: 0o700 });
+    await chmod(dir, 0o700);
+    await mkdir(TaskDirs.runnerDir(dir), { recursive: true, mode: 0o755 });
+    await syncDirectory(this.root);
+    return dir;
+  }
+
+  /**
+   * Deletes a task dir; if that fails (a busy mount, EPERM), renames it out of the way to
+   * `.trash-<name>-<micros>` so the name can be reused.
+   */
+  async remove(dir: string): Promise<void> {
+    try {
+      await rm(dir, { recursive: true, force: true });
+    } catch {
+      const name = relative(this.root, dir);
+      await rename(dir, join(this.root, `.trash-${name}-${Date.now() * 1000}`)).catch(() => undefined);
+    }
+    await syncDirectory(this.root).catch(() => undefined);
+  }
+
+  /** Scans every non-dot subdir of the root once; stale temp files are deleted on the way. */
+  async scan(): Promise<ScannedTaskDir[]> {
+    let entries;
+    try {
+      entries = await readdir(this.root, { withFileTypes: true });
+    } catch (error) {
+      if ((error as NodeJS.ErrnoException).code === "ENOENT") return [];
+      throw error;
+    }
+    const found: ScannedTaskDir[] = [];
+    for (const entry of entries) {
+      if (!entry.isDirectory() || entry.name.startsWith(".")) continue;
+      const dir = join(this.root, entry.name);
+      await this.sweepTempFiles(dir);
+      try {
+        found.push({ kind: "state", dir, state: await readTaskState(dir) });
+      } catch (error) {
+        const code = (error as NodeJS.ErrnoException).code;
+        found.push(code === "ENOENT" ? { kind: "no-state", dir } : { kind: "unreadable", dir, error: error as Error });
+      }
+    }
+    return found;
+  }
+
+  /** Renames an unusable task.json aside so it is kept for a human and never read again. */
+  async quarantine(dir: string): Promise<string> {
+    const target = join(dir, `${TASK_STATE_FILE}.quarantined-${Date.now()}`);
+    await rename(join(dir, TASK_STATE_FILE), target);
+    await syncDirectory(dir);
+    return target;
+  }
+
+  private async sweepTempFiles(dir: string): Promise<void> {
+    const prefix = tempFilePrefix(join(dir, TASK_STATE_FILE));
+    for (const name of await readdir(dir).catch(() => [] as string[])) {
+      if (name.startsWith(prefix)) await unlink(join(dir, name)).catch(() => undefined);
+    }
+  }
+}

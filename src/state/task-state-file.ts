@@ -1,0 +1,116 @@
+import { readFile } from "node:fs/promises";
+import { join } from "node:path";
+import type { Task } from "../tasks/task.js";
+import { parseTaskConfig, type TaskConfig } from "../tasks/task-config.js";
+import { TASK_STATUSES, type TaskStatus } from "../tasks/task-status.js";
+import { isTerminationReason, type TerminationReason } from "../tasks/termination-reason.js";
+import { writeFileDurably } from "./durable-write.js";
+
+/** The state file's name inside a task dir (the same as dstack-shim's). */
+export const TASK_STATE_FILE = "task.json";
+/** The format version shared with dstack-shim >= 0.21.3; bumped only on incompatible changes. */
+export const TASK_STATE_VERSION = 1;
+
+/**
+ * What task.json holds: the intent and the cleanup inputs that Docker cannot tell us. The first
+ * six fields are dstack-shim's v1 format; the rest are taskshim extensions, ignored by readers
+ * that do not know them. Container id, GPUs and ports are deliberately absent: the container
+ * is the truth for those.
+ */
+export interface TaskState {
+  readonly version: number;
+  readonly id: string;
+  readonly config: TaskConfig;
+  readonly termination_reason: TerminationReason | "";
+  readonly termination_message: string;
+  readonly cleaned_up: boolean;
+  /** taskshim: the last committed status (absent in files written by dstack-shim). */
+  readonly status?: TaskStatus;
+  /** taskshim: the exit code once known; null = unknown. */
+  readonly exit_code?: number | null;
+  /** taskshim: the kernel boot id when the task was last persisted. */
+  readonly boot_id?: string;
+}
+
+/** The file is unreadable as a task state (bad JSON, wrong shape, invalid config). */
+export class CorruptTaskStateError extends Error {
+  override readonly name = "CorruptTaskStateError";
+}
+/** The file was written by a newer, incompatible format. */
+export class UnsupportedTaskStateVersionError extends Error {
+  override readonly name = "UnsupportedTaskStateVersionError";
+  constructor(readonly version: unknown) {
+    super(`unsupported task state version ${JSON.stringify(version)}`);
+  }
+}
+
+/** Serialises a task; registry credentials are blanked (they never reach disk). */
+export function encodeTaskState(task: Task, bootId: string): string {
+  const state = {
+    version: TASK_STATE_VERSION,
+    id: task.id,
+    config: { ...task.config, registry_username: "", registry_password: "" },
+    termination_reason: task.terminationReason,
+    termination_message: task.terminationMessage,
+    cleaned_up: task.cleanedUp,
+    status: task.status,
+    exit_code: task.exitCode ?? null,
+    boot_id: bootId,
+  };
+  return `${JSON.stringify(state)}\n`;
+}
+
+const isRecord = (v: unknown): v is Record<string, unknown> => typeof v === "object" && v !== null && !Array.isArray(v);
+
+/** Parses and validates task.json text. */
+export function decodeTaskState(text: string): TaskState {
+  let raw: unknown;
+  try {
+    raw = JSON.parse(text);
+  } catch (cause) {
+    throw new CorruptTaskStateError("task state is not valid JSON", { cause });
+  }
+  if (!isRecord(raw)) throw new CorruptTaskStateError("task state is not a JSON object");
+  if (raw.version !== TASK_STATE_VERSION) throw new UnsupportedTaskStateVersionError(raw.version);
+  if (typeof raw.id !== "string" || raw.id === "") throw new CorruptTaskStateError("task state has no id");
+  let config: TaskConfig;
+  try {
+    config = parseTaskConfig(raw.config).config;
+  } catch (cause) {
+    throw new CorruptTaskStateError(`task state has an invalid config: ${(cause as Error).message}`, { cause });
+  }
+  if (config.id !== raw.id) throw new CorruptTaskStateError("task state id does not match its config");
+  const reason = raw.termination_reason ?? "";
+  if (typeof reason !== "string" || (reason !== "" && !isTerminationReason(reason.toLowerCase()))) {
+    throw new CorruptTaskStateError(`task state has an invalid termination_reason`);
+  }
+  const status = raw.status;
+  if (status !== undefined && !(TASK_STATUSES as readonly unknown[]).includes(status)) {
+    throw new CorruptTaskStateError("task state has an invalid status");
+  }
+  const exitCode = raw.exit_code;
+  if (exitCode !== undefined && exitCode !== null && !Number.isInteger(exitCode)) {
+    throw new CorruptTaskStateError("task state has an invalid exit_code");
+  }
+  return {
+    version: TASK_STATE_VERSION,
+    id: raw.id,
+    config,
+    termination_reason: reason.toLowerCase() as TerminationReason | "",
+    termination_message: typeof raw.termination_message === "string" ? raw.termination_message : "",
+    cleaned_up: raw.cleaned_up === true,
+    ...(status !== undefined ? { status: status as TaskStatus } : {}),
+    ...(exitCode !== undefined ? { exit_code: exitCode as number | null } : {}),
+    ...(typeof raw.boot_id === "string" ? { boot_id: raw.boot_id } : {}),
+  };
+}
+
+/** Reads `<taskDir>/task.json`. */
+export async function readTaskState(taskDir: string): Promise<TaskState> {
+  return decodeTaskState(await readFile(join(taskDir, TASK_STATE_FILE), "utf8"));
+}
+
+/** Writes `<taskDir>/task.json` durably. */
+export async function writeTaskState(taskDir: string, task: Task, bootId: string): Promise<void> {
+  await writeFileDurably(join(taskDir, TASK_STATE_FILE), encodeTaskState(task, bootId));
+}

@@ -1,0 +1,118 @@
+import type { Task, TaskDraft } from "./task.js";
+import { TaskLock, type Unlock } from "./task-lock.js";
+import { isTransitionAllowed, TransitionNotAllowedError } from "./task-status.js";
+
+/** The task id is not in the store. */
+export class TaskNotFoundError extends Error {
+  override readonly name = "TaskNotFoundError";
+  constructor(readonly taskId: string) {
+    super(`task ${taskId}: not found`);
+  }
+}
+
+/** A task with this id is already stored. */
+export class TaskExistsError extends Error {
+  override readonly name = "TaskExistsError";
+  constructor(readonly taskId: string) {
+    super(`task ${taskId} is already submitted`);
+  }
+}
+
+/**
+ * The in-memory tasks, with copy-on-write updates and a per-task lock.
+ *
+ * Reads return frozen snapshots, so a caller never sees a half-applied change. The lock is a
+ * real mutex: API operations wait (`lock`), the reconciler skips a busy task (`tryLock`).
+ */
+export class TaskStore {
+  private readonly tasks = new Map<string, Task>();
+  private readonly locks = new Map<string, TaskLock>();
+
+  /** Adds a new task; throws `TaskExistsError` if the id is taken. */
+  add(task: Task): Task {
+    if (this.tasks.has(task.id)) throw new TaskExistsError(task.id);
+    const frozen = Object.freeze({ ...task });
+    this.tasks.set(task.id, frozen);
+    return frozen;
+  }
+
+  /** The current snapshot, or undefined. */
+  get(id: string): Task | undefined {
+    return this.tasks.get(id);
+  }
+
+  /** The current snapshot, or `TaskNotFoundError`. */
+  mustGet(id: string): Task {
+    const task = this.tasks.get(id);
+    if (!task) throw new TaskNotFoundError(id);
+    return task;
+  }
+
+  /** Every task, in insertion order. */
+  list(): Task[] {
+    return [...this.tasks.values()];
+  }
+
+  /** Number of tasks. */
+  get size(): number {
+    return this.tasks.size;
+  }
+
+  /**
+   * Applies `fn` to a copy and stores it. The transition is checked only if the status
+   * changes; once a terminated task has a reason, later reasons and messages are ignored
+   * (the server terminates every task, even finished ones, and the first reason is the truth).
+   * `fn` must be synchronous and fast: no I/O.
+   */
+  modify(id: string, fn: (draft: TaskDraft) => void): Task {
+    const current = this.mustGet(id);
+    const draft: TaskDraft = { ...current };
+    fn(draft);
+    if (draft.id !== current.id) throw new Error("modify must not change a task's id");
+    if (draft.status !== current.status && !isTransitionAllowed(current.status, draft.status)) {
+      throw new TransitionNotAllowedError(current.status, draft.status);
+    }
+    if (current.status === "terminated" && current.terminationReason !== "") {
+      draft.terminationReason = current.terminationReason;
+      draft.terminationMessage = current.terminationMessage;
+    }
+    const next = Object.freeze(draft);
+    this.tasks.set(id, next);
+    return next;
+  }
+
+  /** Removes a task and its lock. */
+  delete(id: string): void {
+    this.tasks.delete(id);
+    this.locks.delete(id);
+  }
+
+  private lockOf(id: string): TaskLock {
+    let lock = this.locks.get(id);
+    if (!lock) {
+      lock = new TaskLock();
+      this.locks.set(id, lock);
+    }
+    return lock;
+  }
+
+  /** Waits for the task's lock. Contention is normal (the reconciler holds it briefly). */
+  lock(id: string): Promise<Unlock> {
+    return this.lockOf(id).lock();
+  }
+
+  /** Takes the task's lock if it is free, else returns undefined at once. */
+  tryLock(id: string): Unlock | undefined {
+    return this.lockOf(id).tryLock();
+  }
+
+  /** Runs `fn` holding the task's lock. */
+  async withLock<T>(id: string, fn: () => Promise<T>): Promise<T> {
+    const unlock = await this.lock(id);
+    try {
+      return await fn();
+    } finally {
+      unlock();
+    }
+  }
+}

@@ -1,0 +1,49 @@
+import type { TaskConfig } from "./task-config.js";
+import type { TaskStatus } from "./task-status.js";
+import type { TerminationReason } from "./termination-reason.js";
+
+/** A host port bound to a container port (bridge mode, 127.0.0.1 only). */
+export interface PortMapping {
+  readonly host: number;
+  readonly container: number;
+}
+
+/** Aggregated image pull progress (wire keys). */
+export interface ImagePullProgress {
+  readonly downloaded_bytes: number;
+  readonly extracted_bytes: number;
+  readonly total_bytes: number;
+  readonly is_total_bytes_final: boolean;
+}
+
+/**
+ * A task as the shim holds it in memory: a cache rebuilt at startup from Docker (containers)
+ * and task.json (intent and cleanup inputs).
+ */
+export interface Task {
+  readonly id: string;
+  readonly status: TaskStatus;
+  /** "" until terminated; a terminated task always has a valid reason. */
+  readonly terminationReason: TerminationReason | "";
+  readonly terminationMessage: string;
+  readonly config: TaskConfig;
+  readonly containerName: string;
+  /** "" until the container is created (or adopted). */
+  readonly containerId: string;
+  /** null until the container is started. */
+  readonly ports: readonly PortMapping[] | null;
+  /** GPUs this task locked itself (and so may release). */
+  readonly gpuIds: readonly string[];
+  readonly pullProgress: ImagePullProgress | null;
+  /** The private task dir; "" until created. */
+  readonly taskDir: string;
+  /** The task's resources have been released (committed before the release runs). */
+  readonly cleanedUp: boolean;
+  /** A start owns this task and its resources; the reconciler leaves it alone. */
+  readonly startInFlight: boolean;
+  /** The container's exit code once known; null when it can never be known (container vanished). */
+  readonly exitCode?: number | null;
+}
+
+/** A mutable draft handed to `TaskStore.modify`. */
+export type TaskDraft = { -readonly [K in keyof Task]: Task[K] };
