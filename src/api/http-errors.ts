@@ -24,7 +24,8 @@ export const BODY_LIMIT_BYTES = 1024 * 1024;
 export function decodeJsonBody(contentType: string | undefined, raw: Buffer | undefined): unknown {
   if (contentType !== undefined) {
     const mediaType = contentType.split(";")[0]?.trim().toLowerCase();
-    if (mediaType !== "application/json") throw new HttpError(415, "Content-Type header is not application/json");
+    if (mediaType !== "application/json")
+      throw new HttpError(415, "Content-Type header is not application/json");
   }
   if (!raw || raw.length === 0) throw new HttpError(400, "Request body must not be empty");
   const text = raw.toString("utf8");
@@ -44,7 +45,10 @@ export function decodeJsonBody(contentType: string | undefined, raw: Buffer | un
 }
 
 /** Reads a required object body. */
-export function decodeObjectBody(contentType: string | undefined, raw: Buffer | undefined): Record<string, unknown> {
+export function decodeObjectBody(
+  contentType: string | undefined,
+  raw: Buffer | undefined,
+): Record<string, unknown> {
   const value = decodeJsonBody(contentType, raw);
   if (typeof value !== "object" || value === null || Array.isArray(value)) {
     throw new HttpError(400, "Request body must be a JSON object");

@@ -3,7 +3,12 @@ import type { Logger } from "pino";
 import { ComponentRequestError, type ComponentService } from "../components/component-service.js";
 import type { GpuInventory } from "../host/gpu-inventory.js";
 import type { Reconciler } from "../runner/reconciler.js";
-import { TaskConflictError, TaskOperationError, TaskStateError, type TaskRunner } from "../runner/task-runner.js";
+import {
+  TaskConflictError,
+  TaskOperationError,
+  TaskStateError,
+  type TaskRunner,
+} from "../runner/task-runner.js";
 import { InvalidTaskConfigError, parseTaskConfig } from "../tasks/task-config.js";
 import { TaskNotFoundError, type TaskStore } from "../tasks/task-store.js";
 import { normalizeTerminationReason } from "../tasks/termination-reason.js";
@@ -80,7 +85,11 @@ export function buildApi(deps: ApiDeps) {
   });
   app.setNotFoundHandler((_request, reply) => sendText(reply, 404, "404 page not found"));
 
-  const routes: { method: HTTPMethods; url: string; handler: (r: FastifyRequest, s: FastifyReply) => unknown }[] = [
+  const routes: {
+    method: HTTPMethods;
+    url: string;
+    handler: (r: FastifyRequest, s: FastifyReply) => unknown;
+  }[] = [
     {
       method: "GET",
       url: "/api/healthcheck",
@@ -91,7 +100,8 @@ export function buildApi(deps: ApiDeps) {
       url: "/api/shutdown",
       handler: (request, reply) => {
         const force = body(request).force ?? false;
-        if (typeof force !== "boolean") throw new HttpError(400, 'Request body contains an invalid value for the "force" field');
+        if (typeof force !== "boolean")
+          throw new HttpError(400, 'Request body contains an invalid value for the "force" field');
         deps.requestShutdown(force);
         return sendText(reply, 200, "");
       },
@@ -163,7 +173,8 @@ export function buildApi(deps: ApiDeps) {
       method: "GET",
       url: "/metrics/tasks/:id",
       handler: (request, reply) => {
-        if (!deps.store.get((request.params as { id: string }).id)) return sendText(reply, 404, "Task not found");
+        if (!deps.store.get((request.params as { id: string }).id))
+          return sendText(reply, 404, "Task not found");
         return sendText(reply, 404, "DCGM Exporter is not available");
       },
     },
@@ -175,11 +186,14 @@ export function buildApi(deps: ApiDeps) {
     byUrl.set(route.url, [...(byUrl.get(route.url) ?? []), route.method]);
   }
   for (const [url, methods] of byUrl) {
-    const others = ALL_METHODS.filter((m) => !methods.includes(m) && !(m === "HEAD" && methods.includes("GET")));
+    const others = ALL_METHODS.filter(
+      (m) => !methods.includes(m) && !(m === "HEAD" && methods.includes("GET")),
+    );
     app.route({
       method: others,
       url,
-      handler: (_request, reply) => sendText(reply.header("allow", methods.join(", ")), 405, "Method Not Allowed"),
+      handler: (_request, reply) =>
+        sendText(reply.header("allow", methods.join(", ")), 405, "Method Not Allowed"),
     });
   }
   return app;
@@ -199,7 +213,12 @@ function parseTerminate(b: Record<string, unknown>): {
   if (typeof rawMessage !== "string" || rawMessage.length > 65_536 || rawMessage.includes("\u0000")) {
     throw new HttpError(400, 'Request body contains an invalid value for the "termination_message" field');
   }
-  if (typeof timeout !== "number" || !Number.isInteger(timeout) || timeout < 0 || timeout > MAX_STOP_TIMEOUT_S) {
+  if (
+    typeof timeout !== "number" ||
+    !Number.isInteger(timeout) ||
+    timeout < 0 ||
+    timeout > MAX_STOP_TIMEOUT_S
+  ) {
     throw new HttpError(400, 'Request body contains an invalid value for the "timeout" field');
   }
   // "" comes from the server's dangling-task cleanup; a terminated task still needs a valid reason.

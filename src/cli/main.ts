@@ -39,7 +39,9 @@ export function main(argv: string[] = process.argv): void {
     .parseAsync(argv)
     .catch((error: unknown) => {
       const message = error instanceof Error ? error.message : String(error);
-      process.stderr.write(`taskshim: ${error instanceof ConfigError ? "configuration error: " : ""}${message}\n`);
+      process.stderr.write(
+        `taskshim: ${error instanceof ConfigError ? "configuration error: " : ""}${message}\n`,
+      );
       process.exit(1);
     });
 }

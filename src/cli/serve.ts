@@ -27,14 +27,23 @@ export class StartupError extends Error {
 }
 
 /** Paths and fields that may carry secrets: never logged. */
-const REDACT = ["registry_password", "*.registry_password", "password", "*.password", "req.headers.authorization"];
+const REDACT = [
+  "registry_password",
+  "*.registry_password",
+  "password",
+  "*.password",
+  "req.headers.authorization",
+];
 
 function createLogger(config: ShimConfig): Logger {
   return pino(
     { level: config.logLevel, base: { pid: process.pid }, redact: { paths: REDACT, censor: "[redacted]" } },
     pino.multistream([
       { level: config.logLevel, stream: process.stdout },
-      { level: config.logLevel, stream: pino.destination({ dest: join(config.home, "shim.log"), append: true, mkdir: true }) },
+      {
+        level: config.logLevel,
+        stream: pino.destination({ dest: join(config.home, "shim.log"), append: true, mkdir: true }),
+      },
     ]),
   );
 }
@@ -74,7 +83,10 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
     try {
       await docker.ping();
     } catch (error) {
-      throw new StartupError(`docker engine unreachable (${process.env.DOCKER_HOST ?? "unix:///var/run/docker.sock"}): ${(error as Error).message}`, { cause: error });
+      throw new StartupError(
+        `docker engine unreachable (${process.env.DOCKER_HOST ?? "unix:///var/run/docker.sock"}): ${(error as Error).message}`,
+        { cause: error },
+      );
     }
     const commands = new BoundedCommandRunner(interruption.signal);
     const inventory = await detectGpus(commands, config.gpuFixture ? { fixturePath: config.gpuFixture } : {});
@@ -99,7 +111,9 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
       dirs: new TaskDirs(config.home),
       inventory,
       gpuLock: new GpuLock(inventory),
-      hostKeys: new HostKeysReconciler(new AuthorizedKeys(passwdUserLookup(), (msg, fields) => log.warn(fields ?? {}, msg))),
+      hostKeys: new HostKeysReconciler(
+        new AuthorizedKeys(passwdUserLookup(), (msg, fields) => log.warn(fields ?? {}, msg)),
+      ),
       volumes: new HostVolumes(commands, { mountRoot: config.volumeMountRoot }),
       params,
       bootId: await readBootId(),
@@ -149,7 +163,10 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
       );
     }
     const address = `http://${config.httpAddress}:${config.httpPort}`;
-    log.info({ address, version: VERSION, tasks: report.restored, gpus: inventory.gpus.length }, "taskshim serving");
+    log.info(
+      { address, version: VERSION, tasks: report.restored, gpus: inventory.gpus.length },
+      "taskshim serving",
+    );
 
     const loop = reconciler.run();
     const events = reconciler.followEvents();

@@ -83,7 +83,8 @@ export class ComponentService {
   /** Validates a request and starts the install in the background. */
   install(name: unknown, url: unknown, sha256: unknown): void {
     if (typeof name !== "string" || name === "") throw new ComponentRequestError("invalid", "empty name");
-    if (name !== "dstack-runner" && name !== "dstack-shim") throw new ComponentRequestError("invalid", "unknown component");
+    if (name !== "dstack-runner" && name !== "dstack-shim")
+      throw new ComponentRequestError("invalid", "unknown component");
     if (typeof url !== "string" || url === "") throw new ComponentRequestError("invalid", "empty url");
     let parsed: URL;
     try {
@@ -94,19 +95,31 @@ export class ComponentService {
     if (!["http:", "https:", "file:"].includes(parsed.protocol)) {
       throw new ComponentRequestError("invalid", "unsupported url scheme (http, https or file)");
     }
-    if (sha256 !== undefined && sha256 !== null && (typeof sha256 !== "string" || !/^[0-9a-f]{64}$/i.test(sha256))) {
+    if (
+      sha256 !== undefined &&
+      sha256 !== null &&
+      (typeof sha256 !== "string" || !/^[0-9a-f]{64}$/i.test(sha256))
+    ) {
       throw new ComponentRequestError("invalid", "sha256 must be 64 hex digits");
     }
     const slot = this.slots[name];
     if (slot.status === "installing") throw new ComponentRequestError("busy", "already installing");
     const source = `${url}#${typeof sha256 === "string" ? sha256.toLowerCase() : ""}`;
     if (slot.status === "installed" && slot.installedFrom === source) {
-      this.log.info({ component: name, url }, "component already installed from this url; not downloading again");
+      this.log.info(
+        { component: name, url },
+        "component already installed from this url; not downloading again",
+      );
       return;
     }
     slot.status = "installing";
     slot.version = "";
-    const job = this.runInstall(slot, parsed, typeof sha256 === "string" ? sha256.toLowerCase() : undefined, source)
+    const job = this.runInstall(
+      slot,
+      parsed,
+      typeof sha256 === "string" ? sha256.toLowerCase() : undefined,
+      source,
+    )
       .catch((error: unknown) => {
         slot.status = "error";
         this.log.error({ component: name, err: error }, "component install failed");
@@ -120,7 +133,12 @@ export class ComponentService {
     await Promise.allSettled([...this.installs]);
   }
 
-  private async runInstall(slot: ComponentSlot, url: URL, sha256: string | undefined, source: string): Promise<void> {
+  private async runInstall(
+    slot: ComponentSlot,
+    url: URL,
+    sha256: string | undefined,
+    source: string,
+  ): Promise<void> {
     const dir = dirname(slot.path);
     const temp = join(dir, `.${basename(slot.path)}.download-${process.pid}-${Date.now()}`);
     try {
@@ -147,7 +165,8 @@ export class ComponentService {
       body = createReadStream(url);
     } else {
       const response = await fetch(url, { signal, redirect: "follow" });
-      if (response.status !== 200 || !response.body) throw new Error(`download failed: HTTP ${response.status}`);
+      if (response.status !== 200 || !response.body)
+        throw new Error(`download failed: HTTP ${response.status}`);
       body = Readable.fromWeb(response.body as import("node:stream/web").ReadableStream<Uint8Array>);
     }
     const hash = createHash("sha256");
@@ -178,7 +197,8 @@ export class ComponentService {
         argv: [slot.path, "--version"],
         bound: OperationBound.within(VERSION_TIMEOUT_MS),
       });
-      const line = outcome.kind === "exited" && outcome.code === 0 ? outcome.stdout.toString("utf8").trim() : "";
+      const line =
+        outcome.kind === "exited" && outcome.code === 0 ? outcome.stdout.toString("utf8").trim() : "";
       const match = VERSION_LINE.exec(line);
       slot.status = match ? "installed" : "error";
       slot.version = match?.[2] ?? "";

@@ -42,8 +42,16 @@ export const SERVE_SETTINGS = {
     env: "TASKSHIM_HTTP_ADDRESS",
     help: "address to bind (default 127.0.0.1)",
   },
-  shimHttpPort: { flag: "--shim-http-port <port>", env: "DSTACK_SHIM_HTTP_PORT", help: "HTTP port (default 10998)" },
-  shimBinaryPath: { flag: "--shim-binary-path <path>", env: "DSTACK_SHIM_BINARY_PATH", help: "target of self-upgrade" },
+  shimHttpPort: {
+    flag: "--shim-http-port <port>",
+    env: "DSTACK_SHIM_HTTP_PORT",
+    help: "HTTP port (default 10998)",
+  },
+  shimBinaryPath: {
+    flag: "--shim-binary-path <path>",
+    env: "DSTACK_SHIM_BINARY_PATH",
+    help: "target of self-upgrade",
+  },
   shimLogLevel: {
     flag: "--shim-log-level <level>",
     env: "DSTACK_SHIM_LOG_LEVEL",
@@ -59,16 +67,28 @@ export const SERVE_SETTINGS = {
     env: "DSTACK_RUNNER_BINARY_PATH",
     help: "runner binary mounted into containers (default /usr/local/bin/dstack-runner)",
   },
-  runnerHttpPort: { flag: "--runner-http-port <port>", env: "DSTACK_RUNNER_HTTP_PORT", help: "default 10999" },
+  runnerHttpPort: {
+    flag: "--runner-http-port <port>",
+    env: "DSTACK_RUNNER_HTTP_PORT",
+    help: "default 10999",
+  },
   runnerSshPort: { flag: "--runner-ssh-port <port>", env: "DSTACK_RUNNER_SSH_PORT", help: "default 10022" },
-  runnerLogLevel: { flag: "--runner-log-level <level>", env: "DSTACK_RUNNER_LOG_LEVEL", help: "default info" },
+  runnerLogLevel: {
+    flag: "--runner-log-level <level>",
+    env: "DSTACK_RUNNER_LOG_LEVEL",
+    help: "default info",
+  },
   runnerSshLogLevel: { flag: "--runner-ssh-log-level <level>", env: "DSTACK_RUNNER_SSH_LOG_LEVEL", help: "" },
   passEnv: {
     flag: "--pass-env <names>",
     env: "DSTACK_DOCKER_PASS_ENV",
     help: "comma-separated host env vars copied into containers",
   },
-  privileged: { flag: "--privileged [bool]", env: "DSTACK_DOCKER_PRIVILEGED", help: "force privileged containers" },
+  privileged: {
+    flag: "--privileged [bool]",
+    env: "DSTACK_DOCKER_PRIVILEGED",
+    help: "force privileged containers",
+  },
   pjrtDevice: { flag: "--pjrt-device <value>", env: "PJRT_DEVICE", help: "PJRT_DEVICE for containers (TPU)" },
   service: { flag: "--service [bool]", env: "DSTACK_SERVICE_MODE", help: "service mode (SSH fleets)" },
   gpuFixture: {
@@ -90,7 +110,8 @@ const LOG_LEVELS: readonly LogLevel[] = ["fatal", "error", "warn", "info", "debu
 
 function port(value: string, name: string): number {
   const n = Number(value);
-  if (!/^\d+$/.test(value) || n < 1 || n > 65_535) throw new ConfigError(`${name}: invalid port ${JSON.stringify(value)}`);
+  if (!/^\d+$/.test(value) || n < 1 || n > 65_535)
+    throw new ConfigError(`${name}: invalid port ${JSON.stringify(value)}`);
   return n;
 }
 

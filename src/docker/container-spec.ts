@@ -116,7 +116,11 @@ export function buildContainerSpec(input: {
     };
   }
   if (params.infiniband) {
-    devices.push({ PathOnHost: "/dev/infiniband", PathInContainer: "/dev/infiniband", CgroupPermissions: "rwm" });
+    devices.push({
+      PathOnHost: "/dev/infiniband",
+      PathInContainer: "/dev/infiniband",
+      CgroupPermissions: "rwm",
+    });
   }
 
   const env = [
@@ -141,7 +145,11 @@ export function buildContainerSpec(input: {
       Privileged: config.privileged || params.privileged,
       NetworkMode: config.network_mode,
       ...(config.network_mode === "bridge"
-        ? { PortBindings: Object.fromEntries(ports.map((p) => [`${p}/tcp`, [{ HostIp: "127.0.0.1", HostPort: "" }]])) }
+        ? {
+            PortBindings: Object.fromEntries(
+              ports.map((p) => [`${p}/tcp`, [{ HostIp: "127.0.0.1", HostPort: "" }]]),
+            ),
+          }
         : {}),
       Mounts: mounts,
       RestartPolicy: { Name: "no" },

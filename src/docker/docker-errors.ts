@@ -75,13 +75,17 @@ export function mapDockerError(error: unknown, operation: string): Error {
   const e = (error ?? {}) as DockerodeErrorShape;
   if (typeof e.statusCode === "number") {
     const detail =
-      (typeof e.json === "object" && e.json?.message) || (typeof e.json === "string" ? e.json : "") || e.reason || "";
+      (typeof e.json === "object" && e.json?.message) ||
+      (typeof e.json === "string" ? e.json : "") ||
+      e.reason ||
+      "";
     const message = `${operation}: ${detail || `HTTP ${e.statusCode}`}`.trim();
     if (e.statusCode === 404) return new DockerNotFoundError(message, 404, { cause: error });
     if (e.statusCode === 409) return new DockerConflictError(message, 409, { cause: error });
     return new DockerApiError(message, e.statusCode, { cause: error });
   }
-  const why = e.name === "AbortError" || e.code === "ABORT_ERR" ? "deadline exceeded or cancelled" : e.message;
+  const why =
+    e.name === "AbortError" || e.code === "ABORT_ERR" ? "deadline exceeded or cancelled" : e.message;
   return new DockerUnavailableError(`${operation}: docker engine unavailable: ${why ?? String(error)}`, {
     cause: error,
   });

@@ -66,7 +66,11 @@ export class DockerodeClient implements DockerClient {
     }
     const url = new URL(dockerHost.replace(/^tcp:/, "http:"));
     return new DockerodeClient(
-      { host: url.hostname, port: Number(url.port || 2375), protocol: url.protocol === "https:" ? "https" : "http" },
+      {
+        host: url.hostname,
+        port: Number(url.port || 2375),
+        protocol: url.protocol === "https:" ? "https" : "http",
+      },
       count,
     );
   }
@@ -89,7 +93,9 @@ export class DockerodeClient implements DockerClient {
 
   async ping(signal?: AbortSignal): Promise<void> {
     // @types/dockerode lacks ping's options, but dockerode honours `abortSignal` there too.
-    const ping = this.docker.ping.bind(this.docker) as unknown as (opts: { abortSignal: AbortSignal }) => Promise<unknown>;
+    const ping = this.docker.ping.bind(this.docker) as unknown as (opts: {
+      abortSignal: AbortSignal;
+    }) => Promise<unknown>;
     await this.call("ping", DOCKER_DEADLINES.ping, signal, (abortSignal) => ping({ abortSignal }));
   }
 
@@ -124,7 +130,8 @@ export class DockerodeClient implements DockerClient {
         ports: extractPorts(info.NetworkSettings.Ports),
         hostConfig: {
           DeviceRequests: (info.HostConfig.DeviceRequests ?? null) as { DeviceIDs?: string[] }[] | null,
-          Devices: (info.HostConfig.Devices ?? null) as { PathOnHost?: string; PathInContainer?: string }[] | null,
+          Devices: (info.HostConfig.Devices ?? null) as
+            { PathOnHost?: string; PathInContainer?: string }[] | null,
         },
       };
     } catch (error) {
@@ -135,7 +142,11 @@ export class DockerodeClient implements DockerClient {
 
   async createContainer(spec: ContainerCreateSpec, signal?: AbortSignal): Promise<string> {
     const container = await this.call("create", DOCKER_DEADLINES.create, signal, (abortSignal) =>
-      this.docker.createContainer({ ...spec.body, name: spec.name, abortSignal } as Docker.ContainerCreateOptions),
+      this.docker.createContainer({
+        ...spec.body,
+        name: spec.name,
+        abortSignal,
+      } as Docker.ContainerCreateOptions),
     );
     return container.id;
   }
@@ -177,7 +188,11 @@ export class DockerodeClient implements DockerClient {
     } catch (error) {
       if (error instanceof DockerNotFoundError) return "already-absent";
       if (!(error instanceof DockerConflictError) || !/already in progress/i.test(error.message)) {
-        throw new RemovalUnconfirmedError(id, { kind: "engine", detail: (error as Error).message }, { cause: error });
+        throw new RemovalUnconfirmedError(
+          id,
+          { kind: "engine", detail: (error as Error).message },
+          { cause: error },
+        );
       }
     }
     // "removal already in progress": poll until it is gone, within the same deadline.
@@ -189,14 +204,22 @@ export class DockerodeClient implements DockerClient {
       }
       await sleep(Math.min(REMOVAL_POLL_MS, left()));
     }
-    throw new RemovalUnconfirmedError(id, { kind: "deadline", elapsedMs: Date.now() - started, cleanup: null });
+    throw new RemovalUnconfirmedError(id, {
+      kind: "deadline",
+      elapsedMs: Date.now() - started,
+      cleanup: null,
+    });
   }
 
   async containerLogTail(id: string, lines: number, signal?: AbortSignal): Promise<string[]> {
-    const raw = await this.call("logs", DOCKER_DEADLINES.logs, signal, (abortSignal) =>
-      this.docker
-        .getContainer(id)
-        .logs({ stdout: true, stderr: true, tail: lines, follow: false, abortSignal }) as Promise<unknown>,
+    const raw = await this.call(
+      "logs",
+      DOCKER_DEADLINES.logs,
+      signal,
+      (abortSignal) =>
+        this.docker
+          .getContainer(id)
+          .logs({ stdout: true, stderr: true, tail: lines, follow: false, abortSignal }) as Promise<unknown>,
     );
     const buffer = Buffer.isBuffer(raw) ? raw : Buffer.from(String(raw));
     return splitLogLines(demuxLogBuffer(buffer)).slice(-lines);
@@ -259,7 +282,10 @@ export class DockerodeClient implements DockerClient {
 
 function parseEvent(line: string): ContainerEvent | undefined {
   try {
-    const raw = JSON.parse(line) as { Action?: string; Actor?: { ID?: string; Attributes?: Record<string, string> } };
+    const raw = JSON.parse(line) as {
+      Action?: string;
+      Actor?: { ID?: string; Attributes?: Record<string, string> };
+    };
     const taskId = raw.Actor?.Attributes?.[LABEL_TASK_ID];
     if (!raw.Action || !raw.Actor?.ID || !taskId) return undefined;
     return { action: raw.Action, containerId: raw.Actor.ID, taskId };
@@ -307,7 +333,8 @@ export function extractPorts(
       if (binding.HostIp?.includes(":")) continue;
       const host = Number(binding.HostPort);
       const container = Number(port);
-      if (Number.isInteger(host) && host > 0 && Number.isInteger(container)) mappings.push({ host, container });
+      if (Number.isInteger(host) && host > 0 && Number.isInteger(container))
+        mappings.push({ host, container });
     }
   }
   return mappings.sort((a, b) => a.container - b.container);

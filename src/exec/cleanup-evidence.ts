@@ -7,7 +7,11 @@ export type CleanupTrigger = "deadline" | "interruption" | "wait_failure";
 /** A plain, serialisable record of what happened when a command was killed and reaped. */
 export const CleanupEvidenceSchema = Type.Object(
   {
-    trigger: Type.Union([Type.Literal("deadline"), Type.Literal("interruption"), Type.Literal("wait_failure")]),
+    trigger: Type.Union([
+      Type.Literal("deadline"),
+      Type.Literal("interruption"),
+      Type.Literal("wait_failure"),
+    ]),
     elapsed_ms: Type.Integer({ minimum: 0 }),
     reap_grace_ms: Type.Integer({ minimum: 0 }),
     io_drain_grace_ms: Type.Integer({ minimum: 0 }),

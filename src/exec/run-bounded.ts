@@ -245,9 +245,14 @@ export class BoundedCommandRunner implements CommandRunner {
     drained: Promise<void>,
   ): Promise<never> {
     const { cleanup } = await this.killAndReap(child, "wait_failure", exited, drained);
-    throw new CommandWaitCleanupError(`waiting for command failed: ${error.message}`, bound.elapsedMs(), cleanup, {
-      cause: error,
-    });
+    throw new CommandWaitCleanupError(
+      `waiting for command failed: ${error.message}`,
+      bound.elapsedMs(),
+      cleanup,
+      {
+        cause: error,
+      },
+    );
   }
 
   private async killAndReap(
@@ -262,7 +267,8 @@ export class BoundedCommandRunner implements CommandRunner {
     const reaped = (await Promise.race([exited.then(() => "reaped" as const), reap.promise])) === "reaped";
     reap.cancel();
     const drain = after(this.graces.drainMs);
-    const pipesClosed = (await Promise.race([drained.then(() => "drained" as const), drain.promise])) === "drained";
+    const pipesClosed =
+      (await Promise.race([drained.then(() => "drained" as const), drain.promise])) === "drained";
     drain.cancel();
     if (!pipesClosed) {
       child.stdout?.destroy();
@@ -303,7 +309,8 @@ function describeFailure(argv: readonly string[], outcome: BoundedOutcome): stri
   const cmd = argv.join(" ");
   switch (outcome.kind) {
     case "exited": {
-      const why = outcome.code === null ? `killed by ${outcome.signal ?? "a signal"}` : `exit status ${outcome.code}`;
+      const why =
+        outcome.code === null ? `killed by ${outcome.signal ?? "a signal"}` : `exit status ${outcome.code}`;
       const stderr = outcome.stderr.toString("utf8").trim();
       return `${cmd}: ${why}${stderr ? `: ${stderr}` : ""}`;
     }

@@ -1,4 +1,15 @@
-import { chmod, lstat, mkdir, mkdtemp, readFile, readdir, rm, stat, symlink, writeFile } from "node:fs/promises";
+import {
+  chmod,
+  lstat,
+  mkdir,
+  mkdtemp,
+  readFile,
+  readdir,
+  rm,
+  stat,
+  symlink,
+  writeFile,
+} from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
@@ -21,8 +32,7 @@ import {
 } from "./authorized-keys.js";
 
 // Real keys made with ssh-keygen; the fingerprints are what `ssh-keygen -lf` printed.
-const ALICE =
-  "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIM3w4GVANxwykR9noGY7PCFNXEBbweA+ReD2IuJzgeUW alice@laptop";
+const ALICE = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIM3w4GVANxwykR9noGY7PCFNXEBbweA+ReD2IuJzgeUW alice@laptop";
 const BOB = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAII1MS7iRqDbzkLOAf8AtxRMav662TwVJ6YS9npFc/qVR bob";
 const CAROL =
   "ecdsa-sha2-nistp256 AAAAE2VjZHNhLXNoYTItbmlzdHAyNTYAAAAIbmlzdHAyNTYAAABBBICmPe7vpeT0DQdCfHGV2FrDU7HJkZOuVtDyilCgwf3tF88QflKvDddmTs+Yi9LjvALdJBoCNPPULWSXxuEWjAg= carol";
@@ -36,7 +46,9 @@ describe("canonicalizePublicKey", () => {
     expect(canonicalizePublicKey(`  ${ALICE_TYPE}\t${ALICE_B64}   my \t key \n`)).toBe(
       `${ALICE_TYPE} ${ALICE_B64} my key ${PUBLIC_KEY_MARKER}`,
     );
-    expect(canonicalizePublicKey(`${ALICE_TYPE} ${ALICE_B64}`)).toBe(`${ALICE_TYPE} ${ALICE_B64} ${PUBLIC_KEY_MARKER}`);
+    expect(canonicalizePublicKey(`${ALICE_TYPE} ${ALICE_B64}`)).toBe(
+      `${ALICE_TYPE} ${ALICE_B64} ${PUBLIC_KEY_MARKER}`,
+    );
   });
 
   it("accepts ed25519, ecdsa and rsa keys and is idempotent", () => {
@@ -52,7 +64,9 @@ describe("canonicalizePublicKey", () => {
     ["a command", `command="echo hi there" ${ALICE}`],
     ["restrict,from", `restrict,from="10.0.0.1" ${ALICE}`],
   ])("rejects options (%s)", (_label, key) => {
-    expect(() => canonicalizePublicKey(key)).toThrow(new InvalidPublicKeyError("unexpected authorized_keys options"));
+    expect(() => canonicalizePublicKey(key)).toThrow(
+      new InvalidPublicKeyError("unexpected authorized_keys options"),
+    );
   });
 
   it.each([
@@ -61,7 +75,9 @@ describe("canonicalizePublicKey", () => {
     ["an option smuggled on a second line", `${ALICE}\ncommand="sh" ${BOB}`],
     ["a NUL", `${ALICE}\u0000${BOB}`],
   ])("rejects more than one key: %s", (_label, key) => {
-    expect(() => canonicalizePublicKey(key)).toThrow(new InvalidPublicKeyError("more than one key in a single entry"));
+    expect(() => canonicalizePublicKey(key)).toThrow(
+      new InvalidPublicKeyError("more than one key in a single entry"),
+    );
   });
 
   it.each([
@@ -73,8 +89,14 @@ describe("canonicalizePublicKey", () => {
     ["bad base64", `${ALICE_TYPE} AAAA!!!!`],
     ["non-canonical base64", CAROL.replace("Ag= carol", "Ah=")],
     ["a mismatched type", `ssh-rsa ${ALICE_B64}`],
-    ["a truncated blob", `${ALICE_TYPE} ${Buffer.from(ALICE_B64, "base64").subarray(0, 40).toString("base64")}`],
-    ["trailing bytes", `${ALICE_TYPE} ${Buffer.concat([Buffer.from(ALICE_B64, "base64"), Buffer.alloc(4)]).toString("base64")}`],
+    [
+      "a truncated blob",
+      `${ALICE_TYPE} ${Buffer.from(ALICE_B64, "base64").subarray(0, 40).toString("base64")}`,
+    ],
+    [
+      "trailing bytes",
+      `${ALICE_TYPE} ${Buffer.concat([Buffer.from(ALICE_B64, "base64"), Buffer.alloc(4)]).toString("base64")}`,
+    ],
     ["a huge line", `${ALICE} ${"x".repeat(20_000)}`],
   ])("rejects %s", (_label, key) => {
     expect(() => canonicalizePublicKey(key)).toThrow(InvalidPublicKeyError);
@@ -136,7 +158,12 @@ describe("passwdUserLookup", () => {
       ].join("\n"),
     );
     const lookup = passwdUserLookup(path);
-    await expect(lookup("ubuntu")).resolves.toEqual({ name: "ubuntu", home: "/home/ubuntu", uid: 1000, gid: 1001 });
+    await expect(lookup("ubuntu")).resolves.toEqual({
+      name: "ubuntu",
+      home: "/home/ubuntu",
+      uid: 1000,
+      gid: 1001,
+    });
     await expect(lookup("root")).resolves.toMatchObject({ uid: 0, home: "/root" });
     await expect(lookup("ghost")).rejects.toBeInstanceOf(UnknownUserError);
     await expect(lookup("broken")).rejects.toBeInstanceOf(UnknownUserError);
@@ -161,7 +188,9 @@ describe("AuthorizedKeys.reconcile", () => {
     const accounts: Record<string, UserAccount> = { ubuntu: { name: "ubuntu", home, uid, gid } };
     lookup = (name) => {
       const account = accounts[name];
-      return account ? Promise.resolve(account) : Promise.reject(new UnknownUserError(`unknown user: ${name}`));
+      return account
+        ? Promise.resolve(account)
+        : Promise.reject(new UnknownUserError(`unknown user: ${name}`));
     };
     logged = [];
     ak = new AuthorizedKeys(lookup, (msg) => logged.push(msg));
@@ -227,7 +256,13 @@ describe("AuthorizedKeys.reconcile", () => {
   });
 
   it("deduplicates by fingerprint and skips invalid keys", async () => {
-    await ak.reconcile("ubuntu", [ALICE, `${ALICE_TYPE} ${ALICE_B64} same key`, `no-pty ${BOB}`, `${ALICE}\n${BOB}`, BOB]);
+    await ak.reconcile("ubuntu", [
+      ALICE,
+      `${ALICE_TYPE} ${ALICE_B64} same key`,
+      `no-pty ${BOB}`,
+      `${ALICE}\n${BOB}`,
+      BOB,
+    ]);
     expect(await read()).toBe(`${ALICE} ${PUBLIC_KEY_MARKER}\n${BOB} ${PUBLIC_KEY_MARKER}\n`);
     expect(logged).toHaveLength(2);
   });

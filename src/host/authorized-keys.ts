@@ -33,7 +33,10 @@ export class UserKeysReconcileError extends Error {
     readonly user: string,
     options: ErrorOptions,
   ) {
-    super(`reconcile authorized_keys of ${user}: ${(options.cause as Error | undefined)?.message ?? "failed"}`, options);
+    super(
+      `reconcile authorized_keys of ${user}: ${(options.cause as Error | undefined)?.message ?? "failed"}`,
+      options,
+    );
   }
 }
 
@@ -120,13 +123,17 @@ function parsePublicKey(key: string): ParsedKey {
     invalid(`unsupported public key type ${JSON.stringify(type.slice(0, 64))}`);
   }
   if (base64 === undefined) invalid("public key data is missing");
-  if (!/^[A-Za-z0-9+/]+={0,2}$/.test(base64) || base64.length % 4 !== 0) invalid("public key data is not base64");
+  if (!/^[A-Za-z0-9+/]+={0,2}$/.test(base64) || base64.length % 4 !== 0)
+    invalid("public key data is not base64");
   const blob = Buffer.from(base64, "base64");
   if (blob.toString("base64") !== base64) invalid("public key data is not canonical base64");
   checkKeyBlob(type, blob);
   // Strip a marker already present, so canonicalising a canonical entry changes nothing.
   let words = comment;
-  while (words.length >= MARKER_WORDS.length && words.slice(-MARKER_WORDS.length).join(" ") === PUBLIC_KEY_MARKER) {
+  while (
+    words.length >= MARKER_WORDS.length &&
+    words.slice(-MARKER_WORDS.length).join(" ") === PUBLIC_KEY_MARKER
+  ) {
     words = words.slice(0, -MARKER_WORDS.length);
   }
   return { type, base64, blob, comment: words };
@@ -200,7 +207,7 @@ const NEWLINE = 0x0a;
  */
 export function composeAuthorizedKeys(current: Buffer, entries: readonly string[]): Buffer {
   const lines: Buffer[] = [];
-  for (let start = 0; start < current.length; ) {
+  for (let start = 0; start < current.length;) {
     const end = current.indexOf(NEWLINE, start);
     lines.push(current.subarray(start, end === -1 ? current.length : end));
     start = end === -1 ? current.length : end + 1;
@@ -219,8 +226,7 @@ export function composeAuthorizedKeys(current: Buffer, entries: readonly string[
 }
 
 type CurrentFile =
-  | { readonly exists: false }
-  | { readonly exists: true; readonly content: Buffer; readonly mode: number };
+  { readonly exists: false } | { readonly exists: true; readonly content: Buffer; readonly mode: number };
 
 async function readCurrent(path: string): Promise<CurrentFile> {
   let handle: FileHandle;
@@ -276,7 +282,9 @@ async function createSshDir(sshDir: string, account: UserAccount): Promise<void>
     }
     await fsyncDirectory(dirname(sshDir));
   } catch (error) {
-    throw new AuthorizedKeysWriteError(`cannot create ${sshDir}: ${(error as Error).message}`, { cause: error });
+    throw new AuthorizedKeysWriteError(`cannot create ${sshDir}: ${(error as Error).message}`, {
+      cause: error,
+    });
   }
 }
 
@@ -363,12 +371,16 @@ async function replaceAtomically(
   } catch (error) {
     await handle?.close().catch(() => undefined);
     await rm(temp, { force: true }).catch(() => undefined);
-    throw new AuthorizedKeysWriteError(`cannot replace ${path}: ${(error as Error).message}`, { cause: error });
+    throw new AuthorizedKeysWriteError(`cannot replace ${path}: ${(error as Error).message}`, {
+      cause: error,
+    });
   }
   try {
     await fsyncDirectory(sshDir);
   } catch (error) {
-    throw new AuthorizedKeysWriteError(`cannot sync ${sshDir}: ${(error as Error).message}`, { cause: error });
+    throw new AuthorizedKeysWriteError(`cannot sync ${sshDir}: ${(error as Error).message}`, {
+      cause: error,
+    });
   }
 }
 

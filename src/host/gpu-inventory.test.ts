@@ -40,7 +40,12 @@ const exited = (code: number, stdout = "", stderr = ""): BoundedOutcome => ({
   stdout: Buffer.from(stdout),
   stderr: Buffer.from(stderr),
 });
-const expired: BoundedOutcome = { kind: "expired", kill: { ok: true }, operationElapsedMs: 10_000, cleanup: null };
+const expired: BoundedOutcome = {
+  kind: "expired",
+  kill: { ok: true },
+  operationElapsedMs: 10_000,
+  cleanup: null,
+};
 const missing = () => new CommandLaunchError("cannot start: ENOENT");
 
 const NVIDIA_SMI = [
@@ -110,7 +115,9 @@ describe("parseAmdSmiStatic", () => {
 
   it("parses the ROCm 7 gpu_data wrapper, string sizes and a missing driver section", () => {
     const out = JSON.stringify({
-      gpu_data: [{ gpu: 0, asic: { market_name: "MI325X" }, bus: { bdf: "0000:5F:00.0" }, vram: { size: "256 GB" } }],
+      gpu_data: [
+        { gpu: 0, asic: { market_name: "MI325X" }, bus: { bdf: "0000:5F:00.0" }, vram: { size: "256 GB" } },
+      ],
     });
     expect(parseAmdSmiStatic(out)).toEqual([
       { index: 0, name: "MI325X", vramMiB: 262144, bdf: "0000:5f:00.0", driverVersion: "" },
@@ -143,16 +150,35 @@ describe("detectGpus on a host", () => {
   });
 
   it("falls back to amd-smi and resolves render nodes by BDF", async () => {
-    const runner = new FakeRunner((argv) => (argv[0] === "nvidia-smi" ? missing() : exited(0, AMD_SMI_ROCM6)));
-    const nodes: Record<string, string> = { "0000:0c:00.0": "/dev/dri/renderD128", "0000:22:00.0": "/dev/dri/renderD136" };
+    const runner = new FakeRunner((argv) =>
+      argv[0] === "nvidia-smi" ? missing() : exited(0, AMD_SMI_ROCM6),
+    );
+    const nodes: Record<string, string> = {
+      "0000:0c:00.0": "/dev/dri/renderD128",
+      "0000:22:00.0": "/dev/dri/renderD136",
+    };
     const inventory = await detectGpus(runner, {
       resolveRenderNode: (bdf) => Promise.resolve(nodes[bdf] ?? "/nowhere"),
     });
     expect(inventory).toEqual({
       vendor: "amd",
       gpus: [
-        { vendor: "amd", name: "AMD Instinct MI300X", vramMiB: 196592, id: "/dev/dri/renderD128", index: 0, driverVersion: "6.8.5" },
-        { vendor: "amd", name: "AMD Instinct MI300X", vramMiB: 196592, id: "/dev/dri/renderD136", index: 1, driverVersion: "6.8.5" },
+        {
+          vendor: "amd",
+          name: "AMD Instinct MI300X",
+          vramMiB: 196592,
+          id: "/dev/dri/renderD128",
+          index: 0,
+          driverVersion: "6.8.5",
+        },
+        {
+          vendor: "amd",
+          name: "AMD Instinct MI300X",
+          vramMiB: 196592,
+          id: "/dev/dri/renderD136",
+          index: 1,
+          driverVersion: "6.8.5",
+        },
       ],
     });
     expect(runner.argvs()[1]).toBe("amd-smi static --json --asic --vram --bus --driver");
@@ -188,16 +214,32 @@ describe("detectGpus on a host", () => {
     await expect(detectGpus(runner)).resolves.toEqual({ vendor: "none", gpus: [] });
   });
 
-  it("throws when an installed tool fails and nothing was found", async () => {
+  it("logs a failing or wedged tool and carries on without its GPUs", async () => {
+    const logged: string[] = [];
+    const log = (msg: string, fields?: object) => logged.push(`${msg} ${JSON.stringify(fields)}`);
     const failing = new FakeRunner((argv) =>
       argv[0] === "nvidia-smi" ? exited(9, "", "couldn't communicate with the NVIDIA driver") : missing(),
     );
-    await expect(detectGpus(failing)).rejects.toThrow(/NVIDIA driver/);
-    const wedged = new FakeRunner((argv) => (argv[0] === "nvidia-smi" ? expired : missing()));
-    await expect(detectGpus(wedged)).rejects.toBeInstanceOf(GpuDetectionError);
+    await expect(detectGpus(failing, { log })).resolves.toEqual({ vendor: "none", gpus: [] });
+    expect(logged).toEqual([expect.stringMatching(/nvidia-smi failed.*NVIDIA driver/)]);
+
+    const wedgedNvidia = new FakeRunner((argv) =>
+      argv[0] === "nvidia-smi" ? expired : exited(0, AMD_SMI_ROCM6),
+    );
+    const amd = await detectGpus(wedgedNvidia, {
+      log,
+      resolveRenderNode: () => Promise.resolve("/dev/dri/renderD128"),
+    });
+    expect(amd.vendor).toBe("amd");
+
+    logged.length = 0;
     const wedgedAmd = new FakeRunner((argv) => (argv[0] === "nvidia-smi" ? missing() : expired));
-    await expect(detectGpus(wedgedAmd)).rejects.toThrow(/deadline exceeded/);
+    await expect(detectGpus(wedgedAmd, { log })).resolves.toEqual({ vendor: "none", gpus: [] });
+    expect(logged).toEqual([expect.stringMatching(/amd-smi failed.*deadline exceeded/)]);
     expect(wedgedAmd.calls).toHaveLength(2);
+
+    const garbled = new FakeRunner(() => exited(0, "garbage"));
+    await expect(detectGpus(garbled)).resolves.toEqual({ vendor: "none", gpus: [] });
   });
 });
 
@@ -230,8 +272,22 @@ describe("detectGpus with a fixture", () => {
     expect(inventory).toEqual({
       vendor: "amd",
       gpus: [
-        { vendor: "amd", name: "MI300X", vramMiB: 196608, id: "/dev/dri/renderD128", index: 0, driverVersion: "6.8.5" },
-        { vendor: "amd", name: "MI300X", vramMiB: 196608, id: "/dev/dri/renderD129", index: 1, driverVersion: "6.8.5" },
+        {
+          vendor: "amd",
+          name: "MI300X",
+          vramMiB: 196608,
+          id: "/dev/dri/renderD128",
+          index: 0,
+          driverVersion: "6.8.5",
+        },
+        {
+          vendor: "amd",
+          name: "MI300X",
+          vramMiB: 196608,
+          id: "/dev/dri/renderD129",
+          index: 1,
+          driverVersion: "6.8.5",
+        },
       ],
       deviceOverrides: {
         "/dev/kfd": `${dir}/kfd`,
@@ -254,10 +310,34 @@ describe("detectGpus with a fixture", () => {
     ["invalid JSON", "{"],
     ["unknown vendor", { vendor: "intel", gpus: [] }],
     ["missing kfd_path", { vendor: "amd", driver_version: "1", gpus: [] }],
-    ["relative node", { vendor: "amd", driver_version: "1", kfd_path: "/k", gpus: [{ name: "g", vram_mib: 1, render_node: "r" }] }],
-    ["negative vram", { vendor: "amd", driver_version: "1", kfd_path: "/k", gpus: [{ name: "g", vram_mib: -1, render_node: "/r" }] }],
+    [
+      "relative node",
+      {
+        vendor: "amd",
+        driver_version: "1",
+        kfd_path: "/k",
+        gpus: [{ name: "g", vram_mib: 1, render_node: "r" }],
+      },
+    ],
+    [
+      "negative vram",
+      {
+        vendor: "amd",
+        driver_version: "1",
+        kfd_path: "/k",
+        gpus: [{ name: "g", vram_mib: -1, render_node: "/r" }],
+      },
+    ],
     ["extra key", { vendor: "amd", driver_version: "1", kfd_path: "/k", gpus: [], extra: 1 }],
-    ["shared node", { vendor: "amd", driver_version: "1", kfd_path: "/k", gpus: [{ name: "g", vram_mib: 1, render_node: "/k" }] }],
+    [
+      "shared node",
+      {
+        vendor: "amd",
+        driver_version: "1",
+        kfd_path: "/k",
+        gpus: [{ name: "g", vram_mib: 1, render_node: "/k" }],
+      },
+    ],
   ])("rejects a fixture with %s", async (_label, content) => {
     const path = content === undefined ? join(dir, "absent.json") : await fixture(content);
     await expect(detectGpus(neverRun, { fixturePath: path })).rejects.toBeInstanceOf(GpuFixtureError);
@@ -302,7 +382,10 @@ describe("gpuContainerConfig", () => {
   it("requests NVIDIA GPUs by uuid with the capability list", () => {
     const config = gpuContainerConfig(NVIDIA, ["GPU-b"]);
     expect(config.deviceRequests).toEqual([
-      { DeviceIDs: ["GPU-b"], Capabilities: [["gpu", "utility", "compute", "graphics", "video", "display", "compat32"]] },
+      {
+        DeviceIDs: ["GPU-b"],
+        Capabilities: [["gpu", "utility", "compute", "graphics", "video", "display", "compat32"]],
+      },
     ]);
     expect(config.devices).toEqual([]);
     expect(config.ipcMode).toBeUndefined();
@@ -315,7 +398,11 @@ describe("gpuContainerConfig", () => {
       deviceRequests: [],
       devices: [
         { PathOnHost: "/dev/kfd", PathInContainer: "/dev/kfd", CgroupPermissions: "rwm" },
-        { PathOnHost: "/dev/dri/renderD136", PathInContainer: "/dev/dri/renderD136", CgroupPermissions: "rwm" },
+        {
+          PathOnHost: "/dev/dri/renderD136",
+          PathInContainer: "/dev/dri/renderD136",
+          CgroupPermissions: "rwm",
+        },
       ],
       capAdd: ["SYS_PTRACE"],
       securityOpt: ["seccomp=unconfined"],
@@ -343,12 +430,12 @@ describe("gpuIdsFromContainer", () => {
       "GPU-a",
       "GPU-b",
     ]);
-    expect(gpuIdsFromContainer(NVIDIA, { DeviceRequests: [{ DeviceIDs: ["GPU-a"] }, { DeviceIDs: ["GPU-b"] }] })).toEqual(
-      [],
-    );
-    expect(gpuIdsFromContainer(NVIDIA, { DeviceRequests: null, Devices: [{ PathOnHost: "/dev/nvidia0" }] })).toEqual(
-      [],
-    );
+    expect(
+      gpuIdsFromContainer(NVIDIA, { DeviceRequests: [{ DeviceIDs: ["GPU-a"] }, { DeviceIDs: ["GPU-b"] }] }),
+    ).toEqual([]);
+    expect(
+      gpuIdsFromContainer(NVIDIA, { DeviceRequests: null, Devices: [{ PathOnHost: "/dev/nvidia0" }] }),
+    ).toEqual([]);
   });
 
   it("reads AMD render nodes from the devices", () => {
@@ -370,8 +457,8 @@ describe("gpuIdsFromContainer", () => {
 
   it("finds nothing without a host config or GPUs", () => {
     expect(gpuIdsFromContainer(NVIDIA, undefined)).toEqual([]);
-    expect(gpuIdsFromContainer({ vendor: "none", gpus: [] }, { Devices: [{ PathOnHost: "/dev/dri/renderD128" }] })).toEqual(
-      [],
-    );
+    expect(
+      gpuIdsFromContainer({ vendor: "none", gpus: [] }, { Devices: [{ PathOnHost: "/dev/dri/renderD128" }] }),
+    ).toEqual([]);
   });
 });

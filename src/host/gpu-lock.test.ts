@@ -11,7 +11,10 @@ const gpu = (id: string, index: number): GpuInfo => ({
   driverVersion: "570.86.15",
 });
 // Listed out of index order on purpose: the lock hands GPUs out by index.
-const inventory: GpuInventory = { vendor: "nvidia", gpus: [gpu("GPU-c", 2), gpu("GPU-a", 0), gpu("GPU-b", 1)] };
+const inventory: GpuInventory = {
+  vendor: "nvidia",
+  gpus: [gpu("GPU-c", 2), gpu("GPU-a", 0), gpu("GPU-b", 1)],
+};
 
 describe("GpuLock.acquire", () => {
   it("takes the lowest free indices first", () => {
@@ -78,7 +81,9 @@ describe("GpuLock.lock and release", () => {
 describe("GpuLock inventory checks", () => {
   it("rejects mixed vendors, GPUs under none, and duplicate ids", () => {
     const amd: GpuInfo = { ...gpu("/dev/dri/renderD128", 1), vendor: "amd" };
-    expect(() => new GpuLock({ vendor: "nvidia", gpus: [gpu("GPU-a", 0), amd] })).toThrow(InvalidGpuInventoryError);
+    expect(() => new GpuLock({ vendor: "nvidia", gpus: [gpu("GPU-a", 0), amd] })).toThrow(
+      InvalidGpuInventoryError,
+    );
     expect(() => new GpuLock({ vendor: "none", gpus: [gpu("GPU-a", 0)] })).toThrow(InvalidGpuInventoryError);
     expect(() => new GpuLock({ vendor: "nvidia", gpus: [gpu("GPU-a", 0), gpu("GPU-a", 1)] })).toThrow(
       InvalidGpuInventoryError,

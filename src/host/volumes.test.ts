@@ -41,7 +41,12 @@ const exited = (code: number, stdout = "", stderr = ""): BoundedOutcome => ({
   stdout: Buffer.from(stdout),
   stderr: Buffer.from(stderr),
 });
-const expired: BoundedOutcome = { kind: "expired", kill: { ok: true }, operationElapsedMs: 10_000, cleanup: null };
+const expired: BoundedOutcome = {
+  kind: "expired",
+  kill: { ok: true },
+  operationElapsedMs: 10_000,
+  cleanup: null,
+};
 
 const FAST: Partial<VolumeTimings> = {
   awsResolveMs: 30,
@@ -61,7 +66,7 @@ function host(options: {
   failUmount?: ReadonlySet<string>;
 }): Script {
   return (argv) => {
-    const [cmd, ...args] = argv;
+    const [cmd = "", ...args] = argv;
     const last = args.at(-1) ?? "";
     switch (cmd) {
       case "mountpoint":
@@ -193,7 +198,9 @@ describe("HostVolumes", () => {
     it("waits a bounded time for a non-empty block device", async () => {
       await symlink("/dev/sdb", join(byId, "google-pd-data"));
       const runner = new FakeRunner(host({ size: "0" }));
-      await expect(volumes(runner).prepareVolumes([gcp()])).rejects.toThrow(/not a ready non-empty block device/);
+      await expect(volumes(runner).prepareVolumes([gcp()])).rejects.toThrow(
+        /not a ready non-empty block device/,
+      );
       expect(runner.argvs().some((argv) => argv.startsWith("blkid"))).toBe(false);
     });
 
@@ -230,13 +237,20 @@ describe("HostVolumes", () => {
       let listings = 0;
       const runner = new FakeRunner(
         host({
-          serials: () => (++listings < 3 ? "nvme0n1 vol0aaaa\n" : "nvme0n1 vol0aaaa\nnvme1n1 vol0123456789abcdef0\n"),
+          serials: () =>
+            ++listings < 3 ? "nvme0n1 vol0aaaa\n" : "nvme0n1 vol0aaaa\nnvme1n1 vol0123456789abcdef0\n",
           partitions: "nvme1n1\nnvme1n1p1\nnvme1n1p2\n",
           blkid: () => exited(0, "ext4\n"),
         }),
       );
       await volumes(runner).prepareVolumes([
-        { backend: "aws", name: "ebs", volume_id: "vol-0123456789abcdef0", init_fs: false, device_name: "/dev/sdf" },
+        {
+          backend: "aws",
+          name: "ebs",
+          volume_id: "vol-0123456789abcdef0",
+          init_fs: false,
+          device_name: "/dev/sdf",
+        },
       ]);
       expect(listings).toBe(3);
       expect(runner.argvs()).toContain("lsblk -ln -o NAME /dev/nvme1n1");
@@ -272,10 +286,13 @@ describe("HostVolumes", () => {
       const runner = new FakeRunner(host({ blkid: () => exited(0, "ext4\n") }));
       const mounted: number[] = [];
       await expect(
-        volumes(runner).prepareVolumes([gcp(), gcp({ name: "other", device_name: "pd-missing" })], (index) => {
-          mounted.push(index);
-          return Promise.resolve();
-        }),
+        volumes(runner).prepareVolumes(
+          [gcp(), gcp({ name: "other", device_name: "pd-missing" })],
+          (index) => {
+            mounted.push(index);
+            return Promise.resolve();
+          },
+        ),
       ).rejects.toThrow(/volume other/);
       expect(mounted).toEqual([0]);
     });
@@ -284,7 +301,9 @@ describe("HostVolumes", () => {
   describe("unmountVolumes", () => {
     it("unmounts only mounted volumes and reports every failure at once", async () => {
       const [a, b, c] = ["a", "b", "c"].map((name) => join(mountRoot, name));
-      const runner = new FakeRunner(host({ mounted: new Set([a ?? "", c ?? ""]), failUmount: new Set([a ?? ""]) }));
+      const runner = new FakeRunner(
+        host({ mounted: new Set([a ?? "", c ?? ""]), failUmount: new Set([a ?? ""]) }),
+      );
       const error = await volumes(runner)
         .unmountVolumes(["a", "b", "c"].map((name) => gcp({ name })))
         .catch((e: unknown) => e);

@@ -36,7 +36,10 @@ export class VolumePrepareError extends Error {
     readonly volume: string,
     options: ErrorOptions,
   ) {
-    super(`format and mount volume ${volume}: ${(options.cause as Error | undefined)?.message ?? "failed"}`, options);
+    super(
+      `format and mount volume ${volume}: ${(options.cause as Error | undefined)?.message ?? "failed"}`,
+      options,
+    );
   }
 }
 
@@ -134,7 +137,9 @@ export class HostVolumes {
       name === "." ||
       CONTROL.test(name)
     ) {
-      throw new InvalidVolumeNameError(`invalid volume name ${JSON.stringify(name.slice(0, MAX_VOLUME_NAME))}`);
+      throw new InvalidVolumeNameError(
+        `invalid volume name ${JSON.stringify(name.slice(0, MAX_VOLUME_NAME))}`,
+      );
     }
     return posix.join(this.mountRoot, name);
   }
@@ -277,7 +282,9 @@ export class HostVolumes {
   /** GCP names attached disks by the device name the server chose (§4.9). */
   private async resolveGcpDevice(volumeId: string, deviceName: string): Promise<string> {
     if (deviceName === "" || deviceName.includes("/") || CONTROL.test(deviceName)) {
-      throw new VolumeDeviceError(`invalid GCP device name ${JSON.stringify(deviceName)} for volume ${volumeId}`);
+      throw new VolumeDeviceError(
+        `invalid GCP device name ${JSON.stringify(deviceName)} for volume ${volumeId}`,
+      );
     }
     for (const link of [`google-${deviceName}-part1`, `google-${deviceName}`]) {
       try {

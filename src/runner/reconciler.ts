@@ -1,5 +1,5 @@
 import { setTimeout as sleep } from "node:timers/promises";
-import type { TaskContainerSummary } from "../docker/docker-client.js";
+import type { ContainerState, TaskContainerSummary } from "../docker/docker-client.js";
 import type { Task } from "../tasks/task.js";
 import { LAST_LOG_LINES, type RunnerContext } from "./runner-context.js";
 import type { TaskRunner } from "./task-runner.js";
@@ -30,6 +30,8 @@ export interface ReconcileStats {
 export class Reconciler {
   private wake: (() => void) | undefined;
   private kicked = false;
+  /** Tasks an event said changed: inspected even if the list still says running. */
+  private readonly suspects = new Set<string>();
   private health: EngineHealth = { state: "unknown" };
   readonly stats: ReconcileStats = { ticks: 0, lastTickMs: 0, finalized: 0 };
 
@@ -43,8 +45,13 @@ export class Reconciler {
     return this.health;
   }
 
-  /** Asks for a tick as soon as possible (an event said a container changed). */
-  kick(): void {
+  /**
+   * Asks for a tick as soon as possible. With a task id (an event said its container died),
+   * that task is inspected even if the list still says running: the engine emits "die"
+   * before its list view catches up.
+   */
+  kick(taskId?: string): void {
+    if (taskId !== undefined) this.suspects.add(taskId);
     this.kicked = true;
     this.wake?.();
   }
@@ -56,7 +63,9 @@ export class Reconciler {
     try {
       const candidates = this.ctx.store
         .list()
-        .filter((t) => !t.startInFlight && (t.status === "running" || (t.status === "terminated" && !t.cleanedUp)));
+        .filter(
+          (t) => !t.startInFlight && (t.status === "running" || (t.status === "terminated" && !t.cleanedUp)),
+        );
       let containers: TaskContainerSummary[];
       try {
         containers = await this.ctx.docker.listTaskContainers(this.ctx.shutdown);
@@ -66,9 +75,11 @@ export class Reconciler {
         return;
       }
       const byTask = new Map(containers.map((c) => [c.taskId, c]));
+      const suspects = new Set(this.suspects);
+      this.suspects.clear();
       for (const task of candidates) {
         if (this.ctx.shutdown.aborted) return;
-        await this.processTask(task.id, byTask.get(task.id));
+        await this.processTask(task.id, byTask.get(task.id), suspects.has(task.id));
       }
     } finally {
       this.stats.lastTickMs = performance.now() - started;
@@ -89,14 +100,18 @@ export class Reconciler {
     }
   }
 
-  private async processTask(id: string, listed: TaskContainerSummary | undefined): Promise<void> {
+  private async processTask(
+    id: string,
+    listed: TaskContainerSummary | undefined,
+    suspect: boolean,
+  ): Promise<void> {
     const { store, log } = this.ctx;
     const unlock = store.tryLock(id);
     if (!unlock) return;
     try {
       const task = store.get(id);
       if (!task || task.startInFlight) return;
-      if (task.status === "running") await this.processRunning(task, listed);
+      if (task.status === "running") await this.processRunning(task, suspect ? undefined : listed?.state);
       else if (task.status === "terminated" && !task.cleanedUp) await this.processTerminated(task, listed);
     } catch (error) {
       log.warn({ taskId: id, err: error }, "reconcile of task failed; retrying next tick");
@@ -105,11 +120,10 @@ export class Reconciler {
     }
   }
 
-  private async processRunning(task: Task, listed: TaskContainerSummary | undefined): Promise<void> {
+  private async processRunning(task: Task, state: ContainerState | undefined): Promise<void> {
     const { docker } = this.ctx;
-    const state = listed?.state;
     if (state === "running" || state === "paused" || state === "restarting") return;
-    // Not listed, or no longer running: confirm with an inspect before any terminal decision.
+    // Not listed, no longer running, or reported dead by an event: an inspect decides.
     const details = await docker.inspectContainer(task.containerId || task.containerName, this.ctx.shutdown);
     if (!details) {
       await this.finalize(task, "executor_error", "container not found", null);
@@ -130,7 +144,9 @@ export class Reconciler {
           await this.finalize(task, "done_by_runner", "", 0);
           return;
         }
-        const lines = await docker.containerLogTail(details.id, LAST_LOG_LINES, this.ctx.shutdown).catch(() => []);
+        const lines = await docker
+          .containerLogTail(details.id, LAST_LOG_LINES, this.ctx.shutdown)
+          .catch(() => []);
         const message = [...(details.oomKilled ? ["container was OOM-killed"] : []), ...lines]
           .join("\n")
           .slice(-4096);
@@ -142,7 +158,10 @@ export class Reconciler {
 
   private async processTerminated(task: Task, listed: TaskContainerSummary | undefined): Promise<void> {
     const { docker } = this.ctx;
-    if (listed && (listed.state === "running" || listed.state === "paused" || listed.state === "restarting")) {
+    if (
+      listed &&
+      (listed.state === "running" || listed.state === "paused" || listed.state === "restarting")
+    ) {
       // Terminated while the start was starting it, or the stop was cut by a restart.
       await docker.stopContainer(listed.id, 0, this.ctx.shutdown);
     }
@@ -204,7 +223,9 @@ export class Reconciler {
     while (!shutdown.aborted) {
       try {
         for await (const event of docker.containerEvents(shutdown)) {
-          if (event.action === "die" || event.action === "destroy" || event.action === "oom") this.kick();
+          log.debug({ taskId: event.taskId, action: event.action }, "container event");
+          if (event.action === "die" || event.action === "destroy" || event.action === "oom")
+            this.kick(event.taskId);
         }
       } catch (error) {
         if (!shutdown.aborted) log.debug({ err: error }, "docker event stream dropped; reconnecting");

@@ -44,7 +44,10 @@ export async function restoreTasks(ctx: RunnerContext): Promise<RestoreReport> {
         skippedNewer.push(entry.dir);
       } else {
         const target = await dirs.quarantine(entry.dir).catch(() => entry.dir);
-        log.error({ dir: entry.dir, quarantinedAs: target, err: entry.error }, "corrupt task state quarantined");
+        log.error(
+          { dir: entry.dir, quarantinedAs: target, err: entry.error },
+          "corrupt task state quarantined",
+        );
         quarantined.push(target);
       }
       continue;
@@ -65,7 +68,10 @@ export async function restoreTasks(ctx: RunnerContext): Promise<RestoreReport> {
       continue;
     }
     if (byTask.has(container.taskId)) {
-      log.error({ taskId: container.taskId, container: container.name }, "second container for one task ignored");
+      log.error(
+        { taskId: container.taskId, container: container.name },
+        "second container for one task ignored",
+      );
       ignoredContainers.push(container.name);
       continue;
     }
@@ -138,7 +144,12 @@ export async function restoreTasks(ctx: RunnerContext): Promise<RestoreReport> {
   }
 
   log.info(
-    { restored: store.size, resumed: resumed.length, quarantined: quarantined.length, skippedNewer: skippedNewer.length },
+    {
+      restored: store.size,
+      resumed: resumed.length,
+      quarantined: quarantined.length,
+      skippedNewer: skippedNewer.length,
+    },
     "tasks restored",
   );
   return { restored: store.size, resumed, quarantined, skippedNewer, ignoredContainers };

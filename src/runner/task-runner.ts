@@ -116,7 +116,9 @@ export class TaskRunner {
         });
       } catch (cause) {
         this.ctx.store.delete(config.id);
-        throw new TaskOperationError(`failed to create task ${config.id}: ${(cause as Error).message}`, { cause });
+        throw new TaskOperationError(`failed to create task ${config.id}: ${(cause as Error).message}`, {
+          cause,
+        });
       }
     })();
     this.submits.set(config.id, persisted);
@@ -207,9 +209,11 @@ export class TaskRunner {
     await this.commit(id, (d) => (d.startInFlight = false)).catch(() => undefined);
     // With a container, the reconciler owns the rest (it may have to stop it first).
     if (task.containerId === "" && task.status === "terminated") {
-      await this.ctx.store.withLock(id, () => this.release(id)).catch((error: unknown) => {
-        this.ctx.log.error({ taskId: id, err: error }, "release after failed start failed");
-      });
+      await this.ctx.store
+        .withLock(id, () => this.release(id))
+        .catch((error: unknown) => {
+          this.ctx.log.error({ taskId: id, err: error }, "release after failed start failed");
+        });
     }
   }
 
@@ -240,14 +244,20 @@ export class TaskRunner {
     try {
       await volumes.prepareVolumes(config.volumes);
     } catch (cause) {
-      throw new StartStepError("executor_error", `prepareVolumes error: ${(cause as Error).message}`, { cause });
+      throw new StartStepError("executor_error", `prepareVolumes error: ${(cause as Error).message}`, {
+        cause,
+      });
     }
     try {
       await volumes.prepareInstanceMounts(config.instance_mounts);
     } catch (cause) {
-      throw new StartStepError("executor_error", `prepareInstanceMountPoints error: ${(cause as Error).message}`, {
-        cause,
-      });
+      throw new StartStepError(
+        "executor_error",
+        `prepareInstanceMountPoints error: ${(cause as Error).message}`,
+        {
+          cause,
+        },
+      );
     }
   }
 
@@ -260,13 +270,20 @@ export class TaskRunner {
       const ref = parseImageReference(task.config.image_name);
       pullRef = formatPullReference(ref);
       const creds = this.credentials.get(id);
-      if (creds) auth = { username: creds.username, password: creds.password, serveraddress: registryServerAddress(ref) };
+      if (creds)
+        auth = {
+          username: creds.username,
+          password: creds.password,
+          serveraddress: registryServerAddress(ref),
+        };
       if (!isLatestOrUntagged(ref) && (await docker.imageExists(pullRef))) {
         log.debug({ taskId: id, image: pullRef }, "image present, pull skipped");
         return;
       }
     } catch (cause) {
-      throw new StartStepError("creating_container_error", `pullImage error: ${(cause as Error).message}`, { cause });
+      throw new StartStepError("creating_container_error", `pullImage error: ${(cause as Error).message}`, {
+        cause,
+      });
     }
 
     const controller = new AbortController();
@@ -297,7 +314,9 @@ export class TaskRunner {
     } catch (cause) {
       if (this.ctx.shutdown.aborted) throw new StartAbandoned("shim shutting down during pull");
       const progress = tracker.progress();
-      const detail = progress ? ` (downloaded ${progress.downloaded_bytes} of ${progress.total_bytes} bytes)` : "";
+      const detail = progress
+        ? ` (downloaded ${progress.downloaded_bytes} of ${progress.total_bytes} bytes)`
+        : "";
       throw new StartStepError(
         "creating_container_error",
         `pullImage error: failed pulling ${pullRef}${detail}: ${(cause as Error).message}`,
@@ -325,7 +344,10 @@ export class TaskRunner {
       if (containerId === "") {
         const gpu = task.gpuIds.length > 0 ? gpuContainerConfig(this.ctx.inventory, task.gpuIds) : undefined;
         const spec = buildContainerSpec({
-          config: { ...task.config, image_name: formatPullReference(parseImageReference(task.config.image_name)) },
+          config: {
+            ...task.config,
+            image_name: formatPullReference(parseImageReference(task.config.image_name)),
+          },
           containerName: task.containerName,
           runnerDir: TaskDirs.runnerDir(task.taskDir),
           params: this.ctx.params,
@@ -337,9 +359,13 @@ export class TaskRunner {
           // A create that timed out may still have happened: adopt rather than duplicate.
           containerId = cause instanceof DockerConflictError ? await this.findOwnContainer(task) : "";
           if (containerId === "") {
-            throw new StartStepError("creating_container_error", `createContainer error: ${(cause as Error).message}`, {
-              cause,
-            });
+            throw new StartStepError(
+              "creating_container_error",
+              `createContainer error: ${(cause as Error).message}`,
+              {
+                cause,
+              },
+            );
           }
         }
       }
@@ -384,7 +410,8 @@ export class TaskRunner {
   hostKeysByUser(extraUsers: readonly string[] = []): Map<string, string[]> {
     const byUser = new Map<string, string[]>(extraUsers.map((u) => [u, []]));
     for (const task of this.ctx.store.list()) {
-      if (task.cleanedUp || task.config.host_ssh_user === "" || task.config.host_ssh_keys.length === 0) continue;
+      if (task.cleanedUp || task.config.host_ssh_user === "" || task.config.host_ssh_keys.length === 0)
+        continue;
       const keys = byUser.get(task.config.host_ssh_user) ?? [];
       keys.push(...task.config.host_ssh_keys);
       byUser.set(task.config.host_ssh_user, keys);
@@ -404,7 +431,9 @@ export class TaskRunner {
     if (!task || task.cleanedUp) return;
     store.modify(id, (d) => (d.cleanedUp = true));
     const problems: string[] = [];
-    await volumes.unmountVolumes(task.config.volumes).catch((e: unknown) => problems.push((e as Error).message));
+    await volumes
+      .unmountVolumes(task.config.volumes)
+      .catch((e: unknown) => problems.push((e as Error).message));
     if (task.config.host_ssh_keys.length > 0 && task.config.host_ssh_user !== "") {
       await hostKeys
         .reconcile(this.hostKeysByUser([task.config.host_ssh_user]))
@@ -421,7 +450,12 @@ export class TaskRunner {
    * is cancelled or the container stopped, then resources are released. Terminating a
    * terminated task is a no-op that keeps the first reason.
    */
-  async terminate(id: string, timeoutSeconds: number, reason: TerminationReason, message: string): Promise<Task> {
+  async terminate(
+    id: string,
+    timeoutSeconds: number,
+    reason: TerminationReason,
+    message: string,
+  ): Promise<Task> {
     const { store, docker, log } = this.ctx;
     const unlock = await store.lock(id);
     try {
@@ -431,7 +465,8 @@ export class TaskRunner {
         d.terminationReason = reason;
         d.terminationMessage = message;
       });
-      if (before.status !== "terminated") log.info({ taskId: id, reason, from: before.status }, "task terminated");
+      if (before.status !== "terminated")
+        log.info({ taskId: id, reason, from: before.status }, "task terminated");
       this.pulls.get(id)?.abort(new Error(`terminated: ${reason}`));
       if (task.containerId !== "") {
         try {
@@ -464,7 +499,9 @@ export class TaskRunner {
       try {
         await docker.removeContainer(task.containerId || task.containerName);
       } catch (cause) {
-        throw new TaskOperationError(`failed to remove container task=${id}: ${(cause as Error).message}`, { cause });
+        throw new TaskOperationError(`failed to remove container task=${id}: ${(cause as Error).message}`, {
+          cause,
+        });
       }
       await this.release(id);
       store.delete(id);

@@ -15,7 +15,11 @@ export function tempFilePrefix(target: string): string {
  *
  * Hand-written because write-file-atomic never fsyncs the parent directory.
  */
-export async function writeFileDurably(target: string, data: string | Uint8Array, mode = 0o600): Promise<void> {
+export async function writeFileDurably(
+  target: string,
+  data: string | Uint8Array,
+  mode = 0o600,
+): Promise<void> {
   const dir = dirname(target);
   const temp = join(dir, `${tempFilePrefix(target)}${process.pid}-${++counter}`);
   const file = await open(temp, "wx", mode);

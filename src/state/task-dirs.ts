@@ -87,7 +87,9 @@ export class TaskDirs {
         found.push({ kind: "state", dir, state: await readTaskState(dir) });
       } catch (error) {
         const code = (error as NodeJS.ErrnoException).code;
-        found.push(code === "ENOENT" ? { kind: "no-state", dir } : { kind: "unreadable", dir, error: error as Error });
+        found.push(
+          code === "ENOENT" ? { kind: "no-state", dir } : { kind: "unreadable", dir, error: error as Error },
+        );
       }
     }
     return found;

@@ -60,7 +60,8 @@ export function encodeTaskState(task: Task, bootId: string): string {
   return `${JSON.stringify(state)}\n`;
 }
 
-const isRecord = (v: unknown): v is Record<string, unknown> => typeof v === "object" && v !== null && !Array.isArray(v);
+const isRecord = (v: unknown): v is Record<string, unknown> =>
+  typeof v === "object" && v !== null && !Array.isArray(v);
 
 /** Parses and validates task.json text. */
 export function decodeTaskState(text: string): TaskState {
@@ -77,7 +78,9 @@ export function decodeTaskState(text: string): TaskState {
   try {
     config = parseTaskConfig(raw.config).config;
   } catch (cause) {
-    throw new CorruptTaskStateError(`task state has an invalid config: ${(cause as Error).message}`, { cause });
+    throw new CorruptTaskStateError(`task state has an invalid config: ${(cause as Error).message}`, {
+      cause,
+    });
   }
   if (config.id !== raw.id) throw new CorruptTaskStateError("task state id does not match its config");
   const reason = raw.termination_reason ?? "";

@@ -120,7 +120,8 @@ function fail(message: string): never {
 }
 
 function absolutePath(value: string, field: string): string {
-  if (value === "" || CONTROL.test(value) || value.length > 4096) fail(`invalid ${field}: ${JSON.stringify(value)}`);
+  if (value === "" || CONTROL.test(value) || value.length > 4096)
+    fail(`invalid ${field}: ${JSON.stringify(value)}`);
   if (!value.startsWith("/") || posix.normalize(value) !== value || value.split("/").includes("..")) {
     fail(`${field} must be an absolute, normalised path: ${JSON.stringify(value)}`);
   }
@@ -201,7 +202,8 @@ export function parseTaskConfig(body: unknown): { config: TaskConfig; auth: Regi
   });
   const volumeMounts = list(raw.volume_mounts, "volume_mounts").map((m) => {
     const volumeName = m.name ?? "";
-    if (!VOLUME_NAME_PATTERN.test(volumeName)) fail(`invalid volume mount name: ${JSON.stringify(volumeName)}`);
+    if (!VOLUME_NAME_PATTERN.test(volumeName))
+      fail(`invalid volume mount name: ${JSON.stringify(volumeName)}`);
     return { name: volumeName, path: absolutePath(m.path ?? "", "volume mount path") };
   });
   const instanceMounts = list(raw.instance_mounts, "instance_mounts").map((m) => ({
@@ -277,7 +279,9 @@ export function sameTaskConfig(a: TaskConfig, b: TaskConfig): boolean {
 function stableJson(value: unknown): string {
   return JSON.stringify(value, (_key, v: unknown) =>
     v !== null && typeof v === "object" && !Array.isArray(v)
-      ? Object.fromEntries(Object.entries(v as Record<string, unknown>).sort(([x], [y]) => x.localeCompare(y)))
+      ? Object.fromEntries(
+          Object.entries(v as Record<string, unknown>).sort(([x], [y]) => x.localeCompare(y)),
+        )
       : v,
   );
 }

@@ -1,5 +1,12 @@
 /** The six task statuses of the dstack-shim wire contract. */
-export const TASK_STATUSES = ["pending", "preparing", "pulling", "creating", "running", "terminated"] as const;
+export const TASK_STATUSES = [
+  "pending",
+  "preparing",
+  "pulling",
+  "creating",
+  "running",
+  "terminated",
+] as const;
 
 /** A task status as it appears on the wire and in memory. */
 export type TaskStatus = (typeof TASK_STATUSES)[number];
