@@ -42,7 +42,12 @@ function createLogger(config: ShimConfig): Logger {
       { level: config.logLevel, stream: process.stdout },
       {
         level: config.logLevel,
-        stream: pino.destination({ dest: join(config.home, "shim.log"), append: true, mkdir: true }),
+        stream: pino.destination({
+          dest: join(config.home, "shim.log"),
+          append: true,
+          mkdir: true,
+          sync: true,
+        }),
       },
     ]),
   );

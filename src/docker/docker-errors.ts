@@ -74,9 +74,13 @@ export function mapDockerError(error: unknown, operation: string): Error {
   if (error instanceof DockerApiError || error instanceof DockerUnavailableError) return error;
   const e = (error ?? {}) as DockerodeErrorShape;
   if (typeof e.statusCode === "number") {
+    // Streamed calls (pull, events) carry the engine's message only in the error text:
+    // "(HTTP code 500) server error - <message> ".
+    const fromText = /^\(HTTP code \d+\) [^-]*- (.*)$/s.exec(e.message ?? "")?.[1]?.trim();
     const detail =
       (typeof e.json === "object" && e.json?.message) ||
       (typeof e.json === "string" ? e.json : "") ||
+      fromText ||
       e.reason ||
       "";
     const message = `${operation}: ${detail || `HTTP ${e.statusCode}`}`.trim();

@@ -1,6 +1,7 @@
 import { posix } from "node:path";
 import Type, { type Static, type TSchema } from "typebox";
 import Value from "typebox/value";
+import { parseImageReference } from "../docker/image-ref.js";
 
 /*
  * The submit body (dstack-shim `TaskConfig`), decoded with Go's forgiving semantics — unknown
@@ -167,7 +168,11 @@ export function parseTaskConfig(body: unknown): { config: TaskConfig; auth: Regi
   if (image === "") fail("empty image_name");
   if (!ID_PATTERN.test(id)) fail("invalid id: use letters, digits, '_', '.', ':' or '-' (at most 128)");
   if (!NAME_PATTERN.test(name)) fail("invalid name: use letters, digits, '_', '.' or '-' (at most 101)");
-  plainText(image, "image_name", 512);
+  try {
+    parseImageReference(image);
+  } catch (cause) {
+    throw new InvalidTaskConfigError(`invalid image_name: ${(cause as Error).message}`, { cause });
+  }
 
   const gpu = raw.gpu ?? 0;
   if (gpu < -1 || gpu > MAX_GPU) fail(`invalid gpu: ${gpu} (use -1 for all, 0 for none, or 1..${MAX_GPU})`);
@@ -264,8 +269,9 @@ export function parseTaskConfig(body: unknown): { config: TaskConfig; auth: Regi
 }
 
 function sshKeyText(key: string, field: string): string {
-  // Full canonicalisation happens where keys are used; here only what could break out of a line.
-  if (key.length === 0 || key.length > 16_384 || CONTROL.test(key) || key.includes("'")) {
+  // Full canonicalisation happens where keys are used (authorized_keys); the runner's argv is
+  // shell-quoted, so here only what could break out of a line is refused.
+  if (key.trim().length === 0 || key.length > 16_384 || CONTROL.test(key)) {
     fail(`invalid key in ${field}: a single OpenSSH public key line is expected`);
   }
   return key.trim();

@@ -1,0 +1,181 @@
+import { homedir } from "node:os";
+import { resolve } from "node:path";
+import { describe, expect, it } from "vitest";
+import { ConfigError, parseLogLevel, resolveShimConfig, type ServeFlags } from "./shim-config.js";
+
+const DEFAULTS = { shimBinaryPath: "/opt/taskshim/bin/taskshim" };
+const config = (flags: ServeFlags = {}, env: NodeJS.ProcessEnv = {}) =>
+  resolveShimConfig(flags, env, DEFAULTS);
+
+describe("resolveShimConfig: defaults", () => {
+  it("matches dstack-shim's defaults and binds to localhost", () => {
+    const c = config();
+    expect(c.httpAddress).toBe("127.0.0.1");
+    expect(c.httpPort).toBe(10998);
+    expect(c.runnerHttpPort).toBe(10999);
+    expect(c.runnerSshPort).toBe(10022);
+    expect(c.home).toBe(resolve(homedir(), ".dstack"));
+    expect(c.logLevel).toBe("info");
+    expect(c.runnerLogLevel).toBe("info");
+    expect(c.runnerSshLogLevel).toBe("");
+    expect(c.runnerBinaryPath).toBe("/usr/local/bin/dstack-runner");
+    expect(c.runnerDownloadUrl).toBe("");
+    expect(c.shimBinaryPath).toBe("/opt/taskshim/bin/taskshim");
+    expect(c.passEnv).toEqual([
+      "http_proxy",
+      "https_proxy",
+      "no_proxy",
+      "HTTP_PROXY",
+      "HTTPS_PROXY",
+      "NO_PROXY",
+    ]);
+    expect(c.privileged).toBe(false);
+    expect(c.serviceMode).toBe(false);
+    expect(c.pjrtDevice).toBe("");
+  });
+
+  it("does not read process.env when an env is given", () => {
+    const saved = process.env.DSTACK_SHIM_HTTP_PORT;
+    process.env.DSTACK_SHIM_HTTP_PORT = "4321";
+    try {
+      expect(config().httpPort).toBe(10998);
+    } finally {
+      if (saved === undefined) delete process.env.DSTACK_SHIM_HTTP_PORT;
+      else process.env.DSTACK_SHIM_HTTP_PORT = saved;
+    }
+  });
+});
+
+describe("resolveShimConfig: precedence", () => {
+  it("a flag beats its env variable, which beats the default", () => {
+    const env = {
+      DSTACK_SHIM_HTTP_PORT: "3000",
+      DSTACK_SHIM_HOME: "/env/home",
+      DSTACK_SHIM_LOG_LEVEL: "error",
+    };
+    expect(config({}, env)).toMatchObject({ httpPort: 3000, home: "/env/home", logLevel: "error" });
+    expect(
+      config({ shimHttpPort: "2000", shimHome: "/flag/home", shimLogLevel: "trace" }, env),
+    ).toMatchObject({
+      httpPort: 2000,
+      home: "/flag/home",
+      logLevel: "trace",
+    });
+  });
+
+  it("reads every dstack-shim env variable", () => {
+    const c = config(
+      {},
+      {
+        DSTACK_SHIM_BINARY_PATH: "/usr/local/bin/dstack-shim",
+        DSTACK_RUNNER_DOWNLOAD_URL: "https://example.com/runner",
+        DSTACK_RUNNER_BINARY_PATH: "/opt/runner",
+        DSTACK_RUNNER_HTTP_PORT: "11999",
+        DSTACK_RUNNER_SSH_PORT: "11022",
+        DSTACK_RUNNER_LOG_LEVEL: "5",
+        DSTACK_RUNNER_SSH_LOG_LEVEL: "VERBOSE",
+        PJRT_DEVICE: "TPU",
+        DSTACK_SERVICE_MODE: "1",
+        TASKSHIM_HTTP_ADDRESS: "0.0.0.0",
+      },
+    );
+    expect(c).toMatchObject({
+      shimBinaryPath: "/usr/local/bin/dstack-shim",
+      runnerDownloadUrl: "https://example.com/runner",
+      runnerBinaryPath: "/opt/runner",
+      runnerHttpPort: 11999,
+      runnerSshPort: 11022,
+      runnerLogLevel: "5",
+      runnerSshLogLevel: "VERBOSE",
+      pjrtDevice: "TPU",
+      serviceMode: true,
+      httpAddress: "0.0.0.0",
+    });
+  });
+
+  it("resolves a relative home to an absolute path", () => {
+    expect(config({ shimHome: "rel/home" }).home).toBe(resolve("rel/home"));
+  });
+});
+
+describe("resolveShimConfig: log levels", () => {
+  it("maps DSTACK_SHIM_LOG_LEVEL=5 (what the server sends) to debug", () => {
+    expect(config({}, { DSTACK_SHIM_LOG_LEVEL: "5" }).logLevel).toBe("debug");
+  });
+
+  it.each([
+    ["0", "fatal"],
+    ["1", "fatal"],
+    ["2", "error"],
+    ["3", "warn"],
+    ["4", "info"],
+    ["5", "debug"],
+    ["6", "trace"],
+    ["panic", "fatal"],
+    ["warning", "warn"],
+    ["WARN", "warn"],
+    [" Debug ", "debug"],
+  ])("parseLogLevel(%j) is %s", (input, level) => {
+    expect(parseLogLevel(input)).toBe(level);
+  });
+
+  it.each(["7", "-1", "loud", "55", "1.0"])("rejects the log level %j", (input) => {
+    expect(() => parseLogLevel(input)).toThrow(ConfigError);
+    expect(() => config({}, { DSTACK_SHIM_LOG_LEVEL: input })).toThrow(ConfigError);
+  });
+
+  it("validates the runner log level at startup", () => {
+    expect(() => config({}, { DSTACK_RUNNER_LOG_LEVEL: "chatty" })).toThrow(ConfigError);
+  });
+});
+
+describe("resolveShimConfig: ports", () => {
+  it.each(["0", "65536", "abc", "80a", "-1", "1.5", "1e3", " 80", "0x50"])("rejects the port %j", (value) => {
+    expect(() => config({}, { DSTACK_SHIM_HTTP_PORT: value })).toThrow(ConfigError);
+    expect(() => config({}, { DSTACK_SHIM_HTTP_PORT: value })).toThrow(/DSTACK_SHIM_HTTP_PORT/);
+    expect(() => config({ runnerSshPort: value })).toThrow(ConfigError);
+  });
+
+  it("accepts the edges of the port range", () => {
+    expect(config({ shimHttpPort: "1" }).httpPort).toBe(1);
+    expect(config({ shimHttpPort: "65535" }).httpPort).toBe(65535);
+  });
+});
+
+describe("resolveShimConfig: booleans", () => {
+  it.each([
+    ["false", false],
+    ["0", false],
+    ["", false],
+    ["no", false],
+    ["1", true],
+    ["true", true],
+    ["TRUE", true],
+    ["yes", true],
+  ])("DSTACK_DOCKER_PRIVILEGED=%j gives %s", (value, expected) => {
+    expect(config({}, { DSTACK_DOCKER_PRIVILEGED: value }).privileged).toBe(expected);
+  });
+
+  it("rejects a value that is not a boolean", () => {
+    expect(() => config({}, { DSTACK_DOCKER_PRIVILEGED: "maybe" })).toThrow(ConfigError);
+    expect(() => config({}, { DSTACK_SERVICE_MODE: "2" })).toThrow(ConfigError);
+  });
+
+  it("a bare --privileged flag beats the env variable, and so does --privileged false", () => {
+    expect(config({ privileged: true }, { DSTACK_DOCKER_PRIVILEGED: "false" }).privileged).toBe(true);
+    expect(config({ privileged: "false" }, { DSTACK_DOCKER_PRIVILEGED: "true" }).privileged).toBe(false);
+    expect(config({ service: true }).serviceMode).toBe(true);
+  });
+});
+
+describe("resolveShimConfig: pass-env", () => {
+  it("splits on commas, trims and drops empty names", () => {
+    expect(config({}, { DSTACK_DOCKER_PASS_ENV: " FOO, BAR ,,BAZ," }).passEnv).toEqual(["FOO", "BAR", "BAZ"]);
+  });
+
+  it("takes the flag over the env variable", () => {
+    expect(config({ passEnv: "ONLY_THIS" }, { DSTACK_DOCKER_PASS_ENV: "FOO,BAR" }).passEnv).toEqual([
+      "ONLY_THIS",
+    ]);
+  });
+});

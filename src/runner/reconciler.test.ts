@@ -1,0 +1,282 @@
+import { readFile } from "node:fs/promises";
+import { join } from "node:path";
+import { afterEach, beforeEach, describe, expect, it } from "vitest";
+import { DockerUnavailableError } from "../docker/docker-errors.js";
+import { TASK_STATE_FILE } from "../state/task-state-file.js";
+import { makeContext, waitFor, type TestEnv } from "./test-support.js";
+
+let env: TestEnv;
+
+beforeEach(async () => {
+  env = await makeContext();
+});
+afterEach(async () => {
+  await env.dispose();
+});
+
+const stateFile = async (taskDir: string): Promise<Record<string, unknown>> =>
+  JSON.parse(await readFile(join(taskDir, TASK_STATE_FILE), "utf8")) as Record<string, unknown>;
+
+describe("Reconciler.tick (ProcessTasks cases)", () => {
+  it("leaves a task with a running container running and not cleaned up", async () => {
+    const { task } = await env.seedTask({ gpus: 1 });
+    await env.reconciler.tick();
+    const after = env.ctx.store.mustGet(task.id);
+    expect(after.status).toBe("running");
+    expect(after.cleanedUp).toBe(false);
+    expect(after.gpuIds).toEqual(task.gpuIds);
+    expect(env.ctx.gpuLock.lockedIds()).toEqual(task.gpuIds);
+    expect(env.docker.count("inspectContainer")).toBe(0);
+  });
+
+  it("finalizes exit 0 as done_by_runner with an empty message, and cleans up", async () => {
+    const { task, container } = await env.seedTask({ gpus: 1 });
+    env.docker.exit(container!.id, 0);
+    await env.reconciler.tick();
+    const after = env.ctx.store.mustGet(task.id);
+    expect(after.status).toBe("terminated");
+    expect(after.terminationReason).toBe("done_by_runner");
+    expect(after.terminationMessage).toBe("");
+    expect(after.exitCode).toBe(0);
+    expect(after.cleanedUp).toBe(true);
+    expect(env.ctx.gpuLock.lockedIds()).toEqual([]);
+    const persisted = await stateFile(task.taskDir);
+    expect(persisted).toMatchObject({
+      status: "terminated",
+      termination_reason: "done_by_runner",
+      exit_code: 0,
+    });
+    expect(persisted.cleaned_up).toBe(true);
+  });
+
+  it("finalizes exit 137 as container_exited_with_error with the last log lines", async () => {
+    const { task, container } = await env.seedTask();
+    env.docker.exit(container!.id, 137, { logs: ["out of memory"] });
+    await env.reconciler.tick();
+    const after = env.ctx.store.mustGet(task.id);
+    expect(after.status).toBe("terminated");
+    expect(after.terminationReason).toBe("container_exited_with_error");
+    expect(after.terminationMessage).toContain("out of memory");
+    expect(after.exitCode).toBe(137);
+    expect(after.cleanedUp).toBe(true);
+    expect(env.docker.callsOf("containerLogTail").map((c) => c.args)).toEqual([[container!.id, 5]]);
+  });
+
+  it("keeps at most the last 5 log lines in the message", async () => {
+    const { task, container } = await env.seedTask();
+    env.docker.exit(container!.id, 1, { logs: ["l1", "l2", "l3", "l4", "l5", "l6", "l7"] });
+    await env.reconciler.tick();
+    expect(env.ctx.store.mustGet(task.id).terminationMessage).toBe("l3\nl4\nl5\nl6\nl7");
+  });
+
+  it("finalizes a vanished container as executor_error 'container not found' with exit code null", async () => {
+    const { task, container } = await env.seedTask({ gpus: 2 });
+    env.docker.remove(container!.id);
+    await env.reconciler.tick();
+    const after = env.ctx.store.mustGet(task.id);
+    expect(after.status).toBe("terminated");
+    expect(after.terminationReason).toBe("executor_error");
+    expect(after.terminationMessage).toBe("container not found");
+    expect(after.exitCode).toBeNull();
+    expect(after.cleanedUp).toBe(true);
+    expect(env.ctx.gpuLock.lockedIds()).toEqual([]);
+    // The inspect confirmed the absence before any terminal decision.
+    expect(env.docker.count("inspectContainer")).toBe(1);
+    const persisted = await stateFile(task.taskDir);
+    expect(persisted.exit_code).toBeNull();
+  });
+
+  it("never reads a missing list entry as an exit: inspect finds it running, the task stays running", async () => {
+    const { task, container } = await env.seedTask();
+    env.docker.hiddenFromList.add(container!.id);
+    await env.reconciler.tick();
+    const after = env.ctx.store.mustGet(task.id);
+    expect(after.status).toBe("running");
+    expect(after.cleanedUp).toBe(false);
+    expect(env.docker.callsOf("inspectContainer").map((c) => c.args[0])).toEqual([container!.id]);
+  });
+
+  it("finalizes a container left in state created as executor_error 'container was not started'", async () => {
+    const { task } = await env.seedTask({ containerState: "created", gpus: 1 });
+    await env.reconciler.tick();
+    const after = env.ctx.store.mustGet(task.id);
+    expect(after.status).toBe("terminated");
+    expect(after.terminationReason).toBe("executor_error");
+    expect(after.terminationMessage).toBe("container was not started");
+    expect(after.exitCode).toBeNull();
+    expect(after.cleanedUp).toBe(true);
+    expect(env.ctx.gpuLock.lockedIds()).toEqual([]);
+  });
+
+  it("leaves the task running and not cleaned up when inspect fails, and retries on the next tick", async () => {
+    const { task, container } = await env.seedTask({ gpus: 1 });
+    env.docker.exit(container!.id, 3, { logs: ["boom"] });
+    env.docker.failNext("inspectContainer", new DockerUnavailableError("inspect: deadline exceeded"));
+    await env.reconciler.tick();
+    let after = env.ctx.store.mustGet(task.id);
+    expect(after.status).toBe("running");
+    expect(after.cleanedUp).toBe(false);
+    expect(env.ctx.gpuLock.lockedIds()).toEqual(task.gpuIds);
+
+    await env.reconciler.tick();
+    after = env.ctx.store.mustGet(task.id);
+    expect(after.status).toBe("terminated");
+    expect(after.terminationReason).toBe("container_exited_with_error");
+    expect(after.exitCode).toBe(3);
+    expect(env.docker.count("inspectContainer")).toBe(2);
+  });
+
+  it("skips a task whose start is in flight (no inspect, no stop, no change)", async () => {
+    const { task: running, container: c1 } = await env.seedTask({ startInFlight: true, gpus: 1 });
+    env.docker.exit(c1!.id, 0);
+    const { task: terminated } = await env.seedTask({ status: "terminated", startInFlight: true, gpus: 1 });
+    await env.reconciler.tick();
+    expect(env.ctx.store.mustGet(running.id)).toEqual(running);
+    expect(env.ctx.store.mustGet(terminated.id)).toEqual(terminated);
+    expect(env.docker.count("inspectContainer")).toBe(0);
+    expect(env.docker.count("stopContainer")).toBe(0);
+    expect(env.ctx.gpuLock.lockedIds()).toHaveLength(2);
+  });
+
+  it("skips a task whose lock is held, and processes it on a later tick", async () => {
+    const { task, container } = await env.seedTask();
+    env.docker.exit(container!.id, 0);
+    const unlock = await env.ctx.store.lock(task.id);
+    await env.reconciler.tick();
+    expect(env.ctx.store.mustGet(task.id).status).toBe("running");
+    unlock();
+    await env.reconciler.tick();
+    expect(env.ctx.store.mustGet(task.id).terminationReason).toBe("done_by_runner");
+  });
+
+  it("releases the GPUs of a finished task: both are acquirable afterwards", async () => {
+    const { container } = await env.seedTask({ gpus: 2 });
+    expect(() => env.ctx.gpuLock.acquire(1)).toThrow(/no capacity/);
+    env.docker.exit(container!.id, 0);
+    await env.reconciler.tick();
+    expect(env.ctx.gpuLock.acquire(2)).toEqual(["/dev/dri/renderD128", "/dev/dri/renderD129"]);
+  });
+
+  it("stops (timeout 0) the running container of a terminated task, keeps its reason and cleans up", async () => {
+    const { task, container } = await env.seedTask({
+      status: "terminated",
+      terminationReason: "terminated_by_user",
+      terminationMessage: "stopped from the CLI",
+      gpus: 1,
+    });
+    await env.reconciler.tick();
+    expect(env.docker.callsOf("stopContainer").map((c) => c.args)).toEqual([[container!.id, 0]]);
+    expect(env.docker.mustFind(container!.id).state).toBe("exited");
+    const after = env.ctx.store.mustGet(task.id);
+    expect(after.status).toBe("terminated");
+    expect(after.terminationReason).toBe("terminated_by_user");
+    expect(after.terminationMessage).toBe("stopped from the CLI");
+    expect(after.cleanedUp).toBe(true);
+    expect(after.exitCode).toBe(137);
+    expect(env.ctx.gpuLock.lockedIds()).toEqual([]);
+  });
+
+  it("retries the stop of a terminated task's container on the next tick when it fails", async () => {
+    const { task, container } = await env.seedTask({ status: "terminated", gpus: 1 });
+    env.docker.failNext("stopContainer", new DockerUnavailableError("stop: deadline exceeded"));
+    await env.reconciler.tick();
+    expect(env.ctx.store.mustGet(task.id).cleanedUp).toBe(false);
+    expect(env.ctx.gpuLock.lockedIds()).toEqual(task.gpuIds);
+    await env.reconciler.tick();
+    expect(env.docker.mustFind(container!.id).state).toBe("exited");
+    expect(env.ctx.store.mustGet(task.id).cleanedUp).toBe(true);
+    expect(env.ctx.gpuLock.lockedIds()).toEqual([]);
+  });
+
+  it("makes no Docker call at all for a terminated task that is already cleaned up", async () => {
+    const { task } = await env.seedTask({ status: "terminated", containerState: "exited", cleanedUp: true });
+    await env.reconciler.tick();
+    expect(env.ctx.store.mustGet(task.id)).toEqual(task);
+    // §8.6 TerminatedTaskAlreadyCleanedUp: with nothing to reconcile, not even the list runs.
+    expect(env.docker.calls.map((c) => c.method)).toEqual([]);
+  });
+
+  it("changes nothing when the list fails, reports the engine down, then up after recovery", async () => {
+    const { task: a, container: ca } = await env.seedTask({ gpus: 1 });
+    const { task: b, container: cb } = await env.seedTask();
+    env.docker.exit(ca!.id, 0);
+    env.docker.remove(cb!.id);
+    env.docker.failNext(
+      "listTaskContainers",
+      new DockerUnavailableError("list: connect ENOENT /var/run/docker.sock"),
+    );
+    await env.reconciler.tick();
+    expect(env.ctx.store.mustGet(a.id)).toEqual(a);
+    expect(env.ctx.store.mustGet(b.id)).toEqual(b);
+    expect(env.docker.count("inspectContainer")).toBe(0);
+    const down = env.reconciler.engineHealth();
+    expect(down.state).toBe("down");
+    expect(down.state === "down" ? down.error : "").toContain("ENOENT");
+
+    await env.reconciler.tick();
+    expect(env.reconciler.engineHealth().state).toBe("up");
+    expect(env.ctx.store.mustGet(a.id).terminationReason).toBe("done_by_runner");
+    expect(env.ctx.store.mustGet(b.id).terminationMessage).toBe("container not found");
+  });
+
+  it("makes exactly one list call per tick and inspects only containers that are not running", async () => {
+    await env.seedTask();
+    await env.seedTask({ containerState: "paused" });
+    const { container: exitedContainer } = await env.seedTask();
+    env.docker.exit(exitedContainer!.id, 0);
+    await env.seedTask({ status: "terminated", containerState: "exited", cleanedUp: true });
+    await env.seedTask({ status: "pulling", containerState: "none", startInFlight: true });
+
+    await env.reconciler.tick();
+    expect(env.docker.count("listTaskContainers")).toBe(1);
+    expect(env.docker.callsOf("inspectContainer").map((c) => c.args[0])).toEqual([exitedContainer!.id]);
+
+    env.docker.resetCalls();
+    await env.reconciler.tick();
+    expect(env.docker.count("listTaskContainers")).toBe(1);
+    expect(env.docker.count("inspectContainer")).toBe(0);
+  });
+
+  it("never finalizes a task that is still being created (status creating, no container id)", async () => {
+    const { task } = await env.seedTask({ status: "creating", containerState: "none" });
+    await env.reconciler.tick();
+    expect(env.ctx.store.mustGet(task.id)).toEqual(task);
+  });
+});
+
+describe("Reconciler.run", () => {
+  it("ticks at once when kicked instead of waiting for the interval, and stops on shutdown", async () => {
+    const { task, container } = await env.seedTask();
+    const loop = env.reconciler.run();
+    // Let the first tick finish so the loop is asleep.
+    await waitFor(() => env.docker.count("listTaskContainers") >= 1 && env.reconciler.stats.lastTickMs > 0);
+    await new Promise((resolve) => setTimeout(resolve, 20));
+    expect(env.ctx.store.mustGet(task.id).status).toBe("running");
+
+    env.docker.exit(container!.id, 0);
+    const kickedAt = performance.now();
+    env.reconciler.kick();
+    await waitFor(() => env.ctx.store.mustGet(task.id).status === "terminated", { timeoutMs: 900 });
+    expect(performance.now() - kickedAt).toBeLessThan(300);
+
+    const stoppingAt = performance.now();
+    env.shutdownController.abort();
+    await loop;
+    expect(performance.now() - stoppingAt).toBeLessThan(300);
+  });
+
+  it("a die event from the event stream finalizes the task within milliseconds", async () => {
+    const { task, container } = await env.seedTask();
+    const loop = env.reconciler.run();
+    const events = env.reconciler.followEvents();
+    await waitFor(() => env.docker.count("containerEvents") >= 1 && env.reconciler.stats.ticks >= 1);
+    await new Promise((resolve) => setTimeout(resolve, 20));
+    const exitedAt = performance.now();
+    env.docker.exit(container!.id, 2, { logs: ["fatal"] });
+    await waitFor(() => env.ctx.store.mustGet(task.id).status === "terminated", { timeoutMs: 900 });
+    expect(performance.now() - exitedAt).toBeLessThan(300);
+    expect(env.ctx.store.mustGet(task.id).exitCode).toBe(2);
+    env.shutdownController.abort();
+    await Promise.all([loop, events]);
+  });
+});

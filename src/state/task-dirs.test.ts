@@ -1,0 +1,213 @@
+import { chmod, mkdir, mkdtemp, readdir, readFile, rm, stat, writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { basename, join } from "node:path";
+import { afterEach, beforeEach, describe, expect, it } from "vitest";
+import type { Task } from "../tasks/task.js";
+import { parseTaskConfig } from "../tasks/task-config.js";
+import { RUNNER_SUBDIR, TaskDirs, UnsafeTaskDirError, type ScannedTaskDir } from "./task-dirs.js";
+import {
+  CorruptTaskStateError,
+  TASK_STATE_FILE,
+  UnsupportedTaskStateVersionError,
+  writeTaskState,
+} from "./task-state-file.js";
+
+let home: string;
+let dirs: TaskDirs;
+beforeEach(async () => {
+  home = await mkdtemp(join(tmpdir(), "task-dirs-"));
+  dirs = new TaskDirs(home);
+});
+afterEach(async () => {
+  await rm(home, { recursive: true, force: true });
+});
+
+const mode = async (path: string): Promise<number> => (await stat(path)).mode & 0o777;
+const exists = (path: string): Promise<boolean> =>
+  stat(path).then(
+    () => true,
+    () => false,
+  );
+
+function makeTask(id: string, name: string): Task {
+  const { config } = parseTaskConfig({ id, name, image_name: "debian" });
+  return {
+    id,
+    status: "running",
+    terminationReason: "",
+    terminationMessage: "",
+    config,
+    containerName: `${name}-x`,
+    containerId: "",
+    ports: null,
+    gpuIds: [],
+    pullProgress: null,
+    taskDir: "",
+    cleanedUp: false,
+    startInFlight: false,
+  };
+}
+
+describe("TaskDirs.dirFor", () => {
+  it("puts a task dir under <home>/runners", () => {
+    expect(dirs.root).toBe(join(home, "runners"));
+    expect(dirs.dirFor("vllm-0-0-cff1b8da")).toBe(join(home, "runners", "vllm-0-0-cff1b8da"));
+  });
+
+  it.each(["..", "../x", "a/b", ".hidden", ".", "", "/etc", "a/../b", "a/", "x/../../etc"])(
+    "refuses %j",
+    (name) => {
+      expect(() => dirs.dirFor(name)).toThrow(UnsafeTaskDirError);
+    },
+  );
+});
+
+describe("TaskDirs.make", () => {
+  it("creates a private task dir and a 0755 runner subdir", async () => {
+    const dir = await dirs.make("job-0-0-abcd1234");
+    expect(dir).toBe(dirs.dirFor("job-0-0-abcd1234"));
+    expect(await mode(dir)).toBe(0o700);
+    expect(TaskDirs.runnerDir(dir)).toBe(join(dir, RUNNER_SUBDIR));
+    expect(await mode(join(dir, "runner"))).toBe(0o755);
+  });
+
+  it("is idempotent, keeps the content and re-tightens a loosened task dir", async () => {
+    const dir = await dirs.make("job-0-0-abcd1234");
+    await writeFile(join(dir, "pull.log"), "pulled");
+    await chmod(dir, 0o755);
+    expect(await dirs.make("job-0-0-abcd1234")).toBe(dir);
+    expect(await mode(dir)).toBe(0o700);
+    expect(await readFile(join(dir, "pull.log"), "utf8")).toBe("pulled");
+    expect((await readdir(dir)).sort()).toEqual(["pull.log", "runner"]);
+  });
+
+  it("keeps the documented modes under a restrictive umask", async () => {
+    const previous = process.umask(0o077);
+    try {
+      const dir = await dirs.make("job-0-0-umask");
+      expect(await mode(dir)).toBe(0o700);
+      // The container user (often not root) must be able to enter the mounted runner dir.
+      expect(await mode(TaskDirs.runnerDir(dir))).toBe(0o755);
+    } finally {
+      process.umask(previous);
+    }
+  });
+
+  it("refuses an unsafe name without creating anything", async () => {
+    await expect(dirs.make("../escape")).rejects.toThrow(UnsafeTaskDirError);
+    expect(await exists(join(home, "escape"))).toBe(false);
+    expect(await exists(dirs.root)).toBe(false);
+  });
+});
+
+describe("TaskDirs.scan", () => {
+  const byName = (found: ScannedTaskDir[]): Map<string, ScannedTaskDir> =>
+    new Map(found.map((entry) => [basename(entry.dir), entry]));
+
+  it("returns nothing when the runners dir does not exist", async () => {
+    await expect(dirs.scan()).resolves.toEqual([]);
+  });
+
+  it("sorts task dirs into state, unreadable and no-state, skipping dot dirs and files", async () => {
+    const good = await dirs.make("good-0-0-11111111");
+    await writeTaskState(good, makeTask("t-good", "good-0-0"), "boot");
+    await writeFile(join(good, "pull.log"), "{}");
+    const corrupt = await dirs.make("corrupt-0-0-22222222");
+    await writeFile(join(corrupt, TASK_STATE_FILE), '{"version":1,"id":"t-corr');
+    const newer = await dirs.make("newer-0-0-33333333");
+    await writeFile(join(newer, TASK_STATE_FILE), '{"version":2,"id":"t-newer"}\n');
+    const legacy = await dirs.make("legacy-0-0-44444444");
+    const trash = join(dirs.root, ".trash-old-0-0-55555555-1700000000000000");
+    await mkdir(trash);
+    await writeTaskState(trash, makeTask("t-trash", "old-0-0"), "boot");
+    await writeFile(join(dirs.root, "stray-file"), "not a dir");
+
+    const found = byName(await dirs.scan());
+    expect([...found.keys()].sort()).toEqual([
+      "corrupt-0-0-22222222",
+      "good-0-0-11111111",
+      "legacy-0-0-44444444",
+      "newer-0-0-33333333",
+    ]);
+
+    const goodEntry = found.get("good-0-0-11111111");
+    expect(goodEntry?.kind).toBe("state");
+    expect(goodEntry?.dir).toBe(good);
+    if (goodEntry?.kind === "state") {
+      expect(goodEntry.state.id).toBe("t-good");
+      expect(goodEntry.state.config.name).toBe("good-0-0");
+    }
+
+    const corruptEntry = found.get("corrupt-0-0-22222222");
+    expect(corruptEntry?.kind).toBe("unreadable");
+    if (corruptEntry?.kind === "unreadable") expect(corruptEntry.error).toBeInstanceOf(CorruptTaskStateError);
+
+    const newerEntry = found.get("newer-0-0-33333333");
+    expect(newerEntry?.kind).toBe("unreadable");
+    if (newerEntry?.kind === "unreadable") {
+      expect(newerEntry.error).toBeInstanceOf(UnsupportedTaskStateVersionError);
+    }
+
+    expect(found.get("legacy-0-0-44444444")).toEqual({ kind: "no-state", dir: legacy });
+  });
+
+  it("deletes stale temp files of task.json and nothing else", async () => {
+    const dir = await dirs.make("job-0-0-66666666");
+    await writeTaskState(dir, makeTask("t-1", "job-0-0"), "boot");
+    await writeFile(join(dir, ".task.json.tmp-1234-1"), '{"version":1,"id":"half');
+    await writeFile(join(dir, ".task.json.tmp-99-7"), "");
+    await writeFile(join(dir, "pull.log"), "keep");
+    await writeFile(join(dir, ".other.tmp-1"), "keep");
+    const legacy = await dirs.make("legacy-0-0-77777777");
+    await writeFile(join(legacy, ".task.json.tmp-5-5"), "");
+
+    const found = await dirs.scan();
+    expect(found.map((entry) => entry.kind).sort()).toEqual(["no-state", "state"]);
+    expect((await readdir(dir)).sort()).toEqual([".other.tmp-1", "pull.log", "runner", "task.json"]);
+    expect(await readdir(legacy)).toEqual(["runner"]);
+  });
+
+  it("reports a task.json that is not a file as unreadable", async () => {
+    const dir = await dirs.make("odd-0-0-88888888");
+    await mkdir(join(dir, TASK_STATE_FILE));
+    const [entry] = await dirs.scan();
+    expect(entry?.kind).toBe("unreadable");
+  });
+});
+
+describe("TaskDirs.quarantine", () => {
+  it("renames task.json aside, keeping its bytes, so the next scan sees no state", async () => {
+    const dir = await dirs.make("bad-0-0-99999999");
+    await writeFile(join(dir, TASK_STATE_FILE), "garbage");
+    const target = await dirs.quarantine(dir);
+    expect(basename(target)).toMatch(/^task\.json\.quarantined-\d+$/);
+    expect(target.startsWith(`${dir}/`)).toBe(true);
+    expect(await readFile(target, "utf8")).toBe("garbage");
+    expect(await exists(join(dir, TASK_STATE_FILE))).toBe(false);
+    const [entry] = await dirs.scan();
+    expect(entry).toEqual({ kind: "no-state", dir });
+  });
+
+  it("fails when there is no task.json to quarantine", async () => {
+    const dir = await dirs.make("empty-0-0-00000000");
+    await expect(dirs.quarantine(dir)).rejects.toMatchObject({ code: "ENOENT" });
+  });
+});
+
+describe("TaskDirs.remove", () => {
+  it("deletes the task dir and everything in it", async () => {
+    const dir = await dirs.make("done-0-0-12121212");
+    await writeTaskState(dir, makeTask("t-done", "done-0-0"), "boot");
+    await writeFile(join(TaskDirs.runnerDir(dir), "runner.log"), "log");
+    await dirs.remove(dir);
+    expect(await exists(dir)).toBe(false);
+    expect(await readdir(dirs.root)).toEqual([]);
+  });
+
+  it("is a no-op for a dir that is already gone", async () => {
+    const dir = await dirs.make("gone-0-0-34343434");
+    await dirs.remove(dir);
+    await expect(dirs.remove(dir)).resolves.toBeUndefined();
+    expect(await exists(dir)).toBe(false);
+  });
+});

@@ -1,0 +1,263 @@
+import { mkdtemp, readdir, readFile, rm, stat, writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { afterEach, beforeEach, describe, expect, it } from "vitest";
+import type { Task } from "../tasks/task.js";
+import { parseTaskConfig, type TaskConfig } from "../tasks/task-config.js";
+import {
+  CorruptTaskStateError,
+  decodeTaskState,
+  encodeTaskState,
+  readTaskState,
+  TASK_STATE_FILE,
+  UnsupportedTaskStateVersionError,
+  writeTaskState,
+} from "./task-state-file.js";
+
+const ID = "66a886db-86db-4cf9-8c06-8984ad15dde2";
+const PASSWORD = "s3cr3t-registry-pw";
+const BOOT_ID = "2f4e1c7a-0b7d-4b53-9d0e-3e1f0c2b9a11";
+
+const { config: CONFIG, auth: AUTH } = parseTaskConfig({
+  id: ID,
+  name: "vllm-0-0",
+  registry_username: "robot$puller",
+  registry_password: PASSWORD,
+  image_name: "registry.example.com/team/vllm:0.6",
+  privileged: true,
+  gpu: 2,
+  cpu: 7.5,
+  memory: 17179869184,
+  shm_size: 1073741824,
+  network_mode: "bridge",
+  volumes: [{ backend: "aws", name: "data", volume_id: "vol-0abc", init_fs: true, device_name: "/dev/sdf" }],
+  volume_mounts: [{ name: "data", path: "/data" }],
+  instance_mounts: [{ instance_path: "/mnt/nfs", path: "/nfs" }],
+  gpu_devices: [{ path_on_host: "/dev/nvidia0", path_in_container: "/dev/nvidia0" }],
+  host_ssh_user: "ubuntu",
+  host_ssh_keys: ["ssh-ed25519 AAAAC3Nz user@host"],
+  container_ssh_keys: ["ssh-ed25519 AAAAC3Nz project", "ssh-ed25519 AAAAC3Nz user"],
+  command: ["sh", "-c", "sleep infinity"],
+  env: { HF_TOKEN: "not-a-registry-secret" },
+});
+
+function makeTask(overrides: Partial<Task> = {}): Task {
+  return {
+    id: ID,
+    status: "running",
+    terminationReason: "",
+    terminationMessage: "",
+    config: CONFIG,
+    containerName: "vllm-0-0-cff1b8da",
+    containerId: "0123456789abcdef",
+    ports: [{ host: 32768, container: 10022 }],
+    gpuIds: ["GPU-a", "GPU-b"],
+    pullProgress: null,
+    taskDir: "/somewhere",
+    cleanedUp: false,
+    startInFlight: false,
+    ...overrides,
+  };
+}
+
+/** A task.json exactly as dstack-shim (#4220) writes it: Go field names, nil slices as null, no extras. */
+const DSTACK_SHIM_V1 =
+  `{"version":1,"id":"${ID}","config":{"id":"${ID}","name":"vllm-0-0","registry_username":"",` +
+  `"registry_password":"","image_name":"dstackai/base:py3.12-0.7-cuda-12.1","container_user":"root",` +
+  `"privileged":false,"gpu":-1,"cpu":0,"memory":0,"shm_size":0,"network_mode":"host","volumes":null,` +
+  `"volume_mounts":[{"name":"data","path":"/data"}],"instance_mounts":null,"gpu_devices":null,` +
+  `"host_ssh_user":"ubuntu","host_ssh_keys":["ssh-ed25519 AAAAC3Nz user@host"],` +
+  `"container_ssh_keys":["ssh-ed25519 AAAAC3Nz project"]},` +
+  `"termination_reason":"","termination_message":"","cleaned_up":false}\n`;
+
+let dir: string;
+beforeEach(async () => {
+  dir = await mkdtemp(join(tmpdir(), "task-state-"));
+});
+afterEach(async () => {
+  await rm(dir, { recursive: true, force: true });
+});
+
+describe("task.json round trip", () => {
+  it("keeps the id, config, reason, message, cleanup flag, status, exit code and boot id", async () => {
+    const task = makeTask({
+      status: "terminated",
+      terminationReason: "terminated_by_user",
+      terminationMessage: "stopped\nby the user",
+      cleanedUp: true,
+      exitCode: 137,
+    });
+    await writeTaskState(dir, task, BOOT_ID);
+    const state = await readTaskState(dir);
+    expect(state).toEqual({
+      version: 1,
+      id: ID,
+      config: CONFIG,
+      termination_reason: "terminated_by_user",
+      termination_message: "stopped\nby the user",
+      cleaned_up: true,
+      status: "terminated",
+      exit_code: 137,
+      boot_id: BOOT_ID,
+    });
+  });
+
+  it("writes the file 0600, ending in a newline, with no temp file left", async () => {
+    await writeTaskState(dir, makeTask(), BOOT_ID);
+    expect(await readdir(dir)).toEqual([TASK_STATE_FILE]);
+    expect((await stat(join(dir, TASK_STATE_FILE))).mode & 0o777).toBe(0o600);
+    expect(await readFile(join(dir, TASK_STATE_FILE), "utf8")).toMatch(/^\{.*\}\n$/s);
+  });
+
+  it("writes the v1 fields first, as dstack-shim does, and leaves out what the container knows", async () => {
+    await writeTaskState(dir, makeTask(), BOOT_ID);
+    const raw = JSON.parse(await readFile(join(dir, TASK_STATE_FILE), "utf8")) as Record<string, unknown>;
+    expect(Object.keys(raw).slice(0, 6)).toEqual([
+      "version",
+      "id",
+      "config",
+      "termination_reason",
+      "termination_message",
+      "cleaned_up",
+    ]);
+    expect(raw.version).toBe(1);
+    for (const key of ["container_id", "containerId", "gpu_ids", "gpuIds", "ports"])
+      expect(raw).not.toHaveProperty(key);
+  });
+
+  it("never writes registry credentials, even when the config carries them", async () => {
+    const leaky = {
+      ...CONFIG,
+      registry_username: AUTH.username,
+      registry_password: AUTH.password,
+    } as TaskConfig;
+    await writeTaskState(dir, makeTask({ config: leaky }), BOOT_ID);
+    const text = await readFile(join(dir, TASK_STATE_FILE), "utf8");
+    expect(AUTH.password).toBe(PASSWORD);
+    expect(text).not.toContain(PASSWORD);
+    expect(text).not.toContain("robot$puller");
+    const raw = JSON.parse(text) as { config: Record<string, unknown> };
+    // dstack-shim writes the keys blanked, so an old shim reading our file sees the same shape.
+    expect(raw.config.registry_username).toBe("");
+    expect(raw.config.registry_password).toBe("");
+    expect((await readTaskState(dir)).config).toEqual(CONFIG);
+  });
+
+  it("keeps an exit code of null (it can never be known) apart from one not known yet", () => {
+    expect(decodeTaskState(encodeTaskState(makeTask({ exitCode: null }), BOOT_ID)).exit_code).toBeNull();
+    expect(decodeTaskState(encodeTaskState(makeTask({ exitCode: 0 }), BOOT_ID)).exit_code).toBe(0);
+    // A running task's exit code is not known yet; after a restart it must still be "not yet
+    // known" (undefined), or the reconciler never records the real one (restart-anchors A12).
+    expect(decodeTaskState(encodeTaskState(makeTask(), BOOT_ID)).exit_code).toBeUndefined();
+  });
+
+  it.each(["pending", "preparing", "pulling", "creating", "running", "terminated"] as const)(
+    "keeps the status %s",
+    (status) => {
+      expect(decodeTaskState(encodeTaskState(makeTask({ status }), BOOT_ID)).status).toBe(status);
+    },
+  );
+});
+
+describe("reading dstack-shim's v1 format", () => {
+  it("reads a file without taskshim's extra fields", async () => {
+    await writeFile(join(dir, TASK_STATE_FILE), DSTACK_SHIM_V1);
+    const state = await readTaskState(dir);
+    expect(state.version).toBe(1);
+    expect(state.id).toBe(ID);
+    expect(state.termination_reason).toBe("");
+    expect(state.termination_message).toBe("");
+    expect(state.cleaned_up).toBe(false);
+    expect(state).not.toHaveProperty("status");
+    expect(state).not.toHaveProperty("exit_code");
+    expect(state).not.toHaveProperty("boot_id");
+    expect(state.config).toMatchObject({
+      id: ID,
+      name: "vllm-0-0",
+      image_name: "dstackai/base:py3.12-0.7-cuda-12.1",
+      gpu: -1,
+      network_mode: "host",
+      volumes: [],
+      volume_mounts: [{ name: "data", path: "/data" }],
+      instance_mounts: [],
+      gpu_devices: [],
+      host_ssh_user: "ubuntu",
+    });
+  });
+
+  it("reads a terminated dstack-shim task and lower-cases its reason", () => {
+    const text = DSTACK_SHIM_V1.replace(
+      `"termination_reason":"","termination_message":"","cleaned_up":false`,
+      `"termination_reason":"TERMINATED_BY_USER","termination_message":"bye","cleaned_up":true`,
+    );
+    expect(decodeTaskState(text)).toMatchObject({
+      termination_reason: "terminated_by_user",
+      termination_message: "bye",
+      cleaned_up: true,
+    });
+  });
+
+  it("ignores fields it does not know", () => {
+    const text = DSTACK_SHIM_V1.replace(`"cleaned_up":false`, `"cleaned_up":false,"future_field":{"x":1}`);
+    expect(decodeTaskState(text).id).toBe(ID);
+  });
+});
+
+describe("rejected task.json", () => {
+  it("refuses another version with UnsupportedTaskStateVersionError", () => {
+    const text = DSTACK_SHIM_V1.replace(`"version":1`, `"version":2`);
+    expect(() => decodeTaskState(text)).toThrow(UnsupportedTaskStateVersionError);
+    expect(() => decodeTaskState(text)).toThrow("unsupported task state version 2");
+    try {
+      decodeTaskState(text);
+    } catch (error) {
+      expect((error as UnsupportedTaskStateVersionError).version).toBe(2);
+    }
+  });
+
+  it.each([
+    ["empty", ""],
+    ["truncated mid-object", DSTACK_SHIM_V1.slice(0, Math.floor(DSTACK_SHIM_V1.length / 2))],
+    ["cut before the last brace", DSTACK_SHIM_V1.trimEnd().slice(0, -1)],
+    ["garbage", "\u0000\u0000\u0000\u0000"],
+    ["binary noise", "\u00ff\u00fe{]"],
+    ["an array", "[]"],
+    ["null", "null"],
+    ["a number", "1"],
+  ])("reports %s as CorruptTaskStateError", (_what, text) => {
+    expect(() => decodeTaskState(text)).toThrow(CorruptTaskStateError);
+  });
+
+  it.each([
+    ["no id", (t: string) => t.replace(`"id":"${ID}","config"`, `"config"`)],
+    [
+      "an id that does not match the config",
+      (t: string) => t.replace(`"id":"${ID}","config"`, `"id":"other","config"`),
+    ],
+    ["a config without image_name", (t: string) => t.replace(/"image_name":"[^"]*",/, "")],
+    ["a config with a hostile path", (t: string) => t.replace(`"path":"/data"`, `"path":"../../etc"`)],
+    [
+      "an unknown termination reason",
+      (t: string) => t.replace(`"termination_reason":""`, `"termination_reason":"nope"`),
+    ],
+    [
+      "an unknown status",
+      (t: string) => t.replace(`"cleaned_up":false`, `"cleaned_up":false,"status":"zombie"`),
+    ],
+    [
+      "a fractional exit code",
+      (t: string) => t.replace(`"cleaned_up":false`, `"cleaned_up":false,"exit_code":1.5`),
+    ],
+  ])("reports a file with %s as CorruptTaskStateError", (_what, edit) => {
+    const text = edit(DSTACK_SHIM_V1);
+    expect(text).not.toBe(DSTACK_SHIM_V1);
+    expect(() => decodeTaskState(text)).toThrow(CorruptTaskStateError);
+  });
+
+  it("reports a truncated file on disk as CorruptTaskStateError and a missing one as ENOENT", async () => {
+    await writeFile(join(dir, TASK_STATE_FILE), "");
+    await expect(readTaskState(dir)).rejects.toThrow(CorruptTaskStateError);
+    await rm(join(dir, TASK_STATE_FILE));
+    await expect(readTaskState(dir)).rejects.toMatchObject({ code: "ENOENT" });
+  });
+});
