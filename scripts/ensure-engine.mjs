@@ -6,7 +6,7 @@
 // docker-registry and apache2-utils for the tests) and starts dockerd detached, logging to
 // /var/log/taskshim-dockerd.log. Fast and silent-ish when everything is already there.
 //
-// Usage: node scripts/ensure-engine.mjs [--quiet]
+// Usage: node scripts/ensure-engine.mjs [--quiet] [--engine-only]
 // No dependencies on purpose: this runs before `npm ci` results are trusted and on bare machines.
 
 import { spawn, spawnSync } from "node:child_process";
@@ -34,9 +34,11 @@ const REQUIRED = [
 
 const args = process.argv.slice(2);
 const quiet = args.includes("--quiet");
-const unknown = args.filter((a) => a !== "--quiet");
+// `npm start` needs only the engine; the test tools are for `npm test`.
+const engineOnly = args.includes("--engine-only");
+const unknown = args.filter((a) => a !== "--quiet" && a !== "--engine-only");
 if (unknown.length > 0)
-  fail(`unknown argument(s): ${unknown.join(" ")} (usage: ensure-engine.mjs [--quiet])`, 2);
+  fail(`unknown argument(s): ${unknown.join(" ")} (usage: ensure-engine.mjs [--quiet] [--engine-only])`, 2);
 
 const isRoot = typeof process.getuid === "function" && process.getuid() === 0;
 const isLinux = process.platform === "linux";
@@ -52,7 +54,7 @@ try {
 async function main() {
   const endpoint = parseEndpoint(process.env.DOCKER_HOST);
   const engineUp = await ping(endpoint);
-  const missing = REQUIRED.filter((r) => !hasBinary(r));
+  const missing = REQUIRED.filter((r) => (!engineOnly || r.engine) && !hasBinary(r));
 
   if (engineUp) {
     const toolsMissing = missing.filter((r) => !r.engine);

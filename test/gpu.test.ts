@@ -65,7 +65,9 @@ describe("GPUs from an inventory fixture", () => {
     const running = await shim.waitTask(holder.id, (t) => t.status === "running");
     expect(running.gpus_ids).toEqual(["/dev/dri/renderD128"]);
     const info = await testDocker().getContainer(running.container_id).inspect();
-    const devices = (info.HostConfig.Devices ?? []).map((d) => d.PathInContainer).sort();
+    const devices = ((info.HostConfig.Devices ?? []) as { PathInContainer: string }[])
+      .map((d) => d.PathInContainer)
+      .sort();
     expect(devices).toEqual(["/dev/dri/renderD128", "/dev/kfd"]);
 
     // One GPU is left: asking for two fails with dstack-shim's message and locks nothing.

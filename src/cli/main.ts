@@ -29,7 +29,7 @@ export function buildCli(): Command {
   for (const setting of Object.values(SERVE_SETTINGS)) {
     serveCommand.option(setting.flag, `${setting.help}${setting.help ? " " : ""}[env ${setting.env}]`);
   }
-  serveCommand.action(async (options) => serve(options as ServeFlags));
+  serveCommand.action(async (options) => serve(options));
   return program;
 }
 

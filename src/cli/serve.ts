@@ -145,7 +145,9 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
       components.install("dstack-runner", config.runnerDownloadUrl, undefined);
     }
 
-    let requested: ((force: boolean) => void) | undefined;
+    let stopping: Promise<void> | undefined;
+    let resolveStopped!: () => void;
+    const stopped = new Promise<void>((resolve) => (resolveStopped = resolve));
     const app = buildApi({
       version: VERSION,
       store: ctx.store,
@@ -154,7 +156,7 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
       inventory,
       components,
       log,
-      requestShutdown: (force) => requested?.(force),
+      requestShutdown: (force) => shutdown(force),
     });
     try {
       await app.listen({ host: config.httpAddress, port: config.httpPort });
@@ -177,10 +179,7 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
     const events = reconciler.followEvents();
     for (const id of report.resumed) runner.startInBackground(id);
 
-    let stopping: Promise<void> | undefined;
-    let resolveStopped!: () => void;
-    const stopped = new Promise<void>((resolve) => (resolveStopped = resolve));
-    const shutdown = (force: boolean): void => {
+    function shutdown(force: boolean): void {
       if (force) app.server.closeAllConnections();
       if (stopping) return;
       log.info({ force }, "shutting down; containers keep running");
@@ -194,8 +193,7 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
         log.flush();
         resolveStopped();
       })();
-    };
-    requested = shutdown;
+    }
     return {
       address,
       stopped,

@@ -142,11 +142,7 @@ export class DockerodeClient implements DockerClient {
 
   async createContainer(spec: ContainerCreateSpec, signal?: AbortSignal): Promise<string> {
     const container = await this.call("create", DOCKER_DEADLINES.create, signal, (abortSignal) =>
-      this.docker.createContainer({
-        ...spec.body,
-        name: spec.name,
-        abortSignal,
-      } as Docker.ContainerCreateOptions),
+      this.docker.createContainer({ ...spec.body, name: spec.name, abortSignal }),
     );
     return container.id;
   }

@@ -191,11 +191,11 @@ describe("BoundedCommandRunner: deadlines and interruptions", () => {
     const started = Date.now();
     const outcome = await new BoundedCommandRunner(undefined, FAST).run({
       argv: twoGrandchildren(pidFile),
-      bound: OperationBound.within(500),
+      bound: OperationBound.within(300),
     });
     const expired = expectKind(outcome, "expired");
     expect(Date.now() - started).toBeLessThan(3_000);
-    expect(expired.operationElapsedMs).toBeGreaterThanOrEqual(450);
+    expect(expired.operationElapsedMs).toBeGreaterThanOrEqual(280);
     expect(expired.kill).toEqual({ ok: true });
     expect(expired.cleanup).toMatchObject({
       trigger: "deadline",
@@ -258,7 +258,7 @@ describe("BoundedCommandRunner: deadlines and interruptions", () => {
   it("kills the process group on an operator interruption", async () => {
     const controller = new AbortController();
     const pidFile = join(dir, "pids");
-    setTimeout(() => controller.abort(), 300);
+    setTimeout(() => controller.abort(), 200);
     const outcome = await new BoundedCommandRunner(controller.signal, FAST).run({
       argv: twoGrandchildren(pidFile),
       bound: OperationBound.within(20_000),
@@ -279,7 +279,7 @@ describe("BoundedCommandRunner: deadlines and interruptions", () => {
     const controller = new AbortController();
     setTimeout(() => controller.abort(), 50);
     const outcome = await new BoundedCommandRunner(controller.signal, FAST).run({
-      argv: ["sh", "-c", "sleep 0.4; exit 7"],
+      argv: ["sh", "-c", "sleep 0.25; exit 7"],
       interruptible: false,
     });
     expect(controller.signal.aborted).toBe(true);

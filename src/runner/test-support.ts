@@ -4,7 +4,7 @@
  * Not a test itself; imported by the unit tests beside it and by any other suite that wants it.
  */
 import { generateKeyPairSync } from "node:crypto";
-import { mkdtemp, rm } from "node:fs/promises";
+import { mkdir, mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { Readable, Writable } from "node:stream";
@@ -594,13 +594,11 @@ export async function makeContext(overrides: ContextOverrides = {}): Promise<Tes
   const shutdownController = new AbortController();
   const inventory = overrides.inventory ?? TWO_AMD_GPUS;
   const userHome = (user: string): string => join(home, "users", user);
-  const lookup: UserLookup = (name) =>
-    Promise.resolve({
-      name,
-      home: userHome(name),
-      uid: process.getuid?.() ?? 0,
-      gid: process.getgid?.() ?? 0,
-    });
+  // Every user exists and has a home, owned by whoever runs the tests.
+  const lookup: UserLookup = async (name) => {
+    await mkdir(userHome(name), { recursive: true });
+    return { name, home: userHome(name), uid: process.getuid?.() ?? 0, gid: process.getgid?.() ?? 0 };
+  };
   const params: ContainerParams = {
     runnerBinaryPath: join(home, "bin", "dstack-runner"),
     runnerHttpPort: 10999,
