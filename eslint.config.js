@@ -12,7 +12,10 @@ export default tseslint.config(
     rules: {
       "@typescript-eslint/switch-exhaustiveness-check": "error",
       "@typescript-eslint/no-unused-vars": ["error", { argsIgnorePattern: "^_", varsIgnorePattern: "^_" }],
-      "no-restricted-imports": ["error", { paths: [{ name: "@sinclair/typebox", message: "use 'typebox'" }] }],
+      "no-restricted-imports": [
+        "error",
+        { paths: [{ name: "@sinclair/typebox", message: "use 'typebox'" }] },
+      ],
     },
   },
   {

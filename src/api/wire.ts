@@ -1,6 +1,7 @@
 import type { Task } from "../tasks/task.js";
 import type { TaskStatus } from "../tasks/task-status.js";
-import type { ImagePullProgress, PortMapping } from "../tasks/task.js";
+import type { ImagePullProgress } from "../docker/pull-progress.js";
+import type { PortMapping } from "../tasks/task.js";
 
 /** `GET /api/tasks/{id}` and the other task answers (dstack-shim's TaskInfoResponse). */
 export interface TaskInfoResponse {

@@ -94,7 +94,10 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
       );
     }
     const commands = new BoundedCommandRunner(interruption.signal);
-    const inventory = await detectGpus(commands, config.gpuFixture ? { fixturePath: config.gpuFixture } : {});
+    const inventory = await detectGpus(commands, {
+      ...(config.gpuFixture ? { fixturePath: config.gpuFixture } : {}),
+      log: (msg, fields) => log.warn(fields ?? {}, msg),
+    });
     const params: ContainerParams = {
       runnerBinaryPath: config.runnerBinaryPath,
       runnerHttpPort: config.runnerHttpPort,

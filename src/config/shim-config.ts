@@ -1,6 +1,6 @@
 import { homedir } from "node:os";
 import { isAbsolute, resolve } from "node:path";
-import { DEFAULT_VOLUME_MOUNT_ROOT } from "../docker/container-spec.js";
+import { DEFAULT_VOLUME_MOUNT_ROOT } from "../host/volumes.js";
 
 /** pino's level names, ordered as logrus' numeric levels 1..6 map to them. */
 export type LogLevel = "fatal" | "error" | "warn" | "info" | "debug" | "trace";

@@ -5,8 +5,6 @@ import { LABEL_IS_TASK, LABEL_TASK_ID, type ContainerCreateSpec } from "./docker
 /** Where the runner dir and binary appear inside every task container. */
 export const CONTAINER_RUNNER_DIR = "/tmp/runner";
 export const CONTAINER_RUNNER_BINARY = "/usr/local/bin/dstack-runner";
-/** Where network volumes are mounted on the host. */
-export const DEFAULT_VOLUME_MOUNT_ROOT = "/mnt/disks/dstack-volumes";
 
 /** Host-wide settings that shape every container (from the shim's flags). */
 export interface ContainerParams {

@@ -66,6 +66,7 @@ export class Reconciler {
         .filter(
           (t) => !t.startInFlight && (t.status === "running" || (t.status === "terminated" && !t.cleanedUp)),
         );
+      if (candidates.length === 0) return;
       let containers: TaskContainerSummary[];
       try {
         containers = await this.ctx.docker.listTaskContainers(this.ctx.shutdown);

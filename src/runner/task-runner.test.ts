@@ -46,6 +46,21 @@ async function restart(overrides: Parameters<typeof makeContext>[0] = {}): Promi
 const readState = (taskDir: string): Record<string, unknown> =>
   JSON.parse(readFileSync(join(taskDir, TASK_STATE_FILE), "utf8")) as Record<string, unknown>;
 
+/** Whether `promise` settles within `ms` (a hang fails the test instead of timing it out). */
+async function settlesWithin(promise: Promise<unknown>, ms: number): Promise<boolean> {
+  let timer: NodeJS.Timeout | undefined;
+  const timeout = new Promise<false>((resolve) => (timer = setTimeout(() => resolve(false), ms)));
+  const settled = promise.then(
+    () => true as const,
+    () => true as const,
+  );
+  try {
+    return await Promise.race([settled, timeout]);
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
 /** Every GPU id a spied `GpuLock.release` actually freed, over all its calls. */
 function releasedIds(spy: { mock: { results: { type: string; value: unknown }[] } }): string[] {
   return spy.mock.results.flatMap((r) => (r.type === "return" ? (r.value as string[]) : [])).sort();
@@ -240,6 +255,25 @@ describe("TaskRunner.start", () => {
   });
 });
 
+describe("TaskRunner shutdown", () => {
+  it("stops a pull even when the shutdown lands before the pull request is sent", async () => {
+    env.docker.pullScript = (_ref, _auth, signal) =>
+      stalledPullStream(SUCCESSFUL_PULL_LINES.slice(0, 2), signal);
+    // What serve.ts does on shutdown, while the start checks whether the image is present.
+    env.docker.onNext("imageExists", () => {
+      env.shutdownController.abort(new Error("shim shutting down"));
+      env.runner.cancelPulls();
+    });
+    const task = await env.submit({ gpu: 1 });
+    expect(await settlesWithin(env.runner.awaitStarts(), 1_000)).toBe(true);
+    expect(env.docker.callsOf("pullImage").every((call) => call.signal?.aborted === true)).toBe(true);
+    expect(env.docker.count("createContainer")).toBe(0);
+    // Not a failure of the task: it stays in pulling and resumes after the restart.
+    expect(env.ctx.store.mustGet(task.id)).toMatchObject({ status: "pulling", startInFlight: false });
+    expect(readState(task.taskDir).status).toBe("pulling");
+  });
+});
+
 describe("TaskRunner.terminate", () => {
   it("aborts a pull in flight, and no container is created afterwards (R3)", async () => {
     env.docker.pullScript = (_ref, _auth, signal) =>
@@ -276,6 +310,26 @@ describe("TaskRunner.terminate", () => {
     const task = env.ctx.store.mustGet(submitted.id);
     expect(task.terminationReason).toBe("terminated_by_server");
     expect(task.cleanedUp).toBe(true);
+    expect(env.ctx.gpuLock.lockedIds()).toEqual([]);
+  });
+
+  it("aborts the pull when the terminate lands before the pull request is sent (R3)", async () => {
+    env.docker.pullScript = (_ref, _auth, signal) =>
+      stalledPullStream(SUCCESSFUL_PULL_LINES.slice(0, 2), signal);
+    const { config, auth } = taskConfig({ gpu: 1 });
+    // The terminate arrives while the start checks whether the image is present.
+    env.docker.onNext("imageExists", async () => {
+      await env.runner.terminate(config.id, 0, "terminated_by_user", "");
+    });
+    await env.runner.submit(config, auth);
+    expect(await settlesWithin(env.runner.awaitStarts(), 1_000)).toBe(true);
+    expect(env.docker.callsOf("pullImage").every((call) => call.signal?.aborted === true)).toBe(true);
+    expect(env.docker.count("createContainer")).toBe(0);
+    expect(env.ctx.store.mustGet(config.id)).toMatchObject({
+      terminationReason: "terminated_by_user",
+      startInFlight: false,
+      cleanedUp: true,
+    });
     expect(env.ctx.gpuLock.lockedIds()).toEqual([]);
   });
 
@@ -548,7 +602,7 @@ describe("restoreTasks", () => {
     env.docker.pullScript = (_ref, _auth, signal) =>
       stalledPullStream(SUCCESSFUL_PULL_LINES.slice(0, 2), signal);
     const submitted = await env.submit({ gpu: 1 });
-    await waitFor(() => env.ctx.store.mustGet(submitted.id).status === "pulling");
+    await waitFor(() => env.docker.count("pullImage") === 1);
     env.shutdownController.abort(new Error("shim shutting down"));
     await env.runner.awaitStarts();
     expect(readState(submitted.taskDir).status).toBe("pulling");

@@ -291,6 +291,10 @@ export class TaskRunner {
     const bounded = linkedSignal(this.ctx.shutdown, IMAGE_PULL_TIMEOUT_MS);
     const onAbort = (): void => controller.abort(bounded.signal.reason);
     bounded.signal.addEventListener("abort", onAbort, { once: true });
+    // A shutdown or terminate may have landed before the controller was registered.
+    if (bounded.signal.aborted) onAbort();
+    if ((store.get(id)?.status ?? "terminated") === "terminated")
+      controller.abort(new Error("task terminated"));
     const tracker = new PullTracker();
     const pullLog = await open(join(task.taskDir, "pull.log"), "w", 0o600).catch(() => undefined);
     let lastUpdate = 0;
@@ -468,7 +472,9 @@ export class TaskRunner {
       if (before.status !== "terminated")
         log.info({ taskId: id, reason, from: before.status }, "task terminated");
       this.pulls.get(id)?.abort(new Error(`terminated: ${reason}`));
-      if (task.containerId !== "") {
+      // A repeated terminate of a stopped container (exit code known) has nothing to stop.
+      const alreadyStopped = before.status === "terminated" && before.exitCode !== undefined;
+      if (task.containerId !== "" && !alreadyStopped) {
         try {
           await docker.stopContainer(task.containerId, timeoutSeconds);
         } catch (cause) {
@@ -490,6 +496,9 @@ export class TaskRunner {
   /** Removes a terminated task: its container (confirmed), its resources, its dir, its record. */
   async remove(id: string): Promise<void> {
     const { store, docker, dirs, log } = this.ctx;
+    // A start overtaken by a terminate stops at its next step; let it hand its resources over
+    // first, or a volume it is mounting right now would outlive the release below.
+    if (store.mustGet(id).status === "terminated") await this.starts.get(id);
     const unlock = await store.lock(id);
     try {
       const task = store.mustGet(id);

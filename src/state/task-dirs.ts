@@ -33,7 +33,13 @@ export class TaskDirs {
   dirFor(containerName: string): string {
     const dir = resolve(this.root, containerName);
     const rel = relative(this.root, dir);
-    if (rel === "" || rel.startsWith("..") || rel.includes(sep) || containerName.startsWith(".")) {
+    if (
+      rel === "" ||
+      rel !== containerName ||
+      rel.startsWith("..") ||
+      rel.includes(sep) ||
+      containerName.startsWith(".")
+    ) {
       throw new UnsafeTaskDirError(`refusing task dir name ${JSON.stringify(containerName)}`);
     }
     return dir;
@@ -51,6 +57,8 @@ export class TaskDirs {
     await mkdir(dir, { recursive: true, mode: 0o700 });
     await chmod(dir, 0o700);
     await mkdir(TaskDirs.runnerDir(dir), { recursive: true, mode: 0o755 });
+    // The umask may have narrowed it; a non-root container user must still enter it.
+    await chmod(TaskDirs.runnerDir(dir), 0o755);
     await syncDirectory(this.root);
     return dir;
   }

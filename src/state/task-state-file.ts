@@ -54,7 +54,8 @@ export function encodeTaskState(task: Task, bootId: string): string {
     termination_message: task.terminationMessage,
     cleaned_up: task.cleanedUp,
     status: task.status,
-    exit_code: task.exitCode ?? null,
+    // Absent = not known yet; null = can never be known (the container vanished).
+    ...(task.exitCode !== undefined ? { exit_code: task.exitCode } : {}),
     boot_id: bootId,
   };
   return `${JSON.stringify(state)}\n`;

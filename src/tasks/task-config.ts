@@ -2,6 +2,7 @@ import { posix } from "node:path";
 import Type, { type Static, type TSchema } from "typebox";
 import Value from "typebox/value";
 import { parseImageReference } from "../docker/image-ref.js";
+import type { VolumeInfo } from "../host/volumes.js";
 
 /*
  * The submit body (dstack-shim `TaskConfig`), decoded with Go's forgiving semantics — unknown
@@ -56,15 +57,6 @@ export const TaskSubmitBodySchema = Type.Object({
 
 /** The raw submit body as decoded from JSON. */
 export type TaskSubmitBody = Static<typeof TaskSubmitBodySchema>;
-
-/** A network volume to attach and mount on the host. */
-export interface VolumeInfo {
-  readonly backend: string;
-  readonly name: string;
-  readonly volume_id: string;
-  readonly init_fs: boolean;
-  readonly device_name: string;
-}
 
 /** A normalised, validated task configuration. Field names are the wire names. */
 export interface TaskConfig {

@@ -1,3 +1,4 @@
+import type { ImagePullProgress } from "../docker/pull-progress.js";
 import type { TaskConfig } from "./task-config.js";
 import type { TaskStatus } from "./task-status.js";
 import type { TerminationReason } from "./termination-reason.js";
@@ -6,14 +7,6 @@ import type { TerminationReason } from "./termination-reason.js";
 export interface PortMapping {
   readonly host: number;
   readonly container: number;
-}
-
-/** Aggregated image pull progress (wire keys). */
-export interface ImagePullProgress {
-  readonly downloaded_bytes: number;
-  readonly extracted_bytes: number;
-  readonly total_bytes: number;
-  readonly is_total_bytes_final: boolean;
 }
 
 /**

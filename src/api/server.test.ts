@@ -1,0 +1,382 @@
+import { readFileSync } from "node:fs";
+import { join } from "node:path";
+import type { InjectOptions, LightMyRequestResponse } from "fastify";
+import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
+import { ComponentService } from "../components/component-service.js";
+import { FakeCommandRunner, makeContext, taskBody, type TestEnv } from "../runner/test-support.js";
+import { VERSION } from "../version.js";
+import { buildApi } from "./server.js";
+
+const PACKAGE_VERSION = (
+  JSON.parse(readFileSync(new URL("../../package.json", import.meta.url), "utf8")) as { version: string }
+).version;
+
+const TASK_INFO_KEYS = [
+  "id",
+  "status",
+  "termination_reason",
+  "termination_message",
+  "ports",
+  "image_pull_progress",
+  "container_name",
+  "container_id",
+  "gpus_ids",
+];
+
+let env: TestEnv;
+let app: ReturnType<typeof buildApi>;
+let requestShutdown: ReturnType<typeof vi.fn<(force: boolean) => void>>;
+let componentCommands: FakeCommandRunner;
+
+beforeEach(async () => {
+  env = await makeContext();
+  componentCommands = new FakeCommandRunner();
+  const components = new ComponentService(
+    { runner: join(env.home, "bin", "dstack-runner"), shim: join(env.home, "bin", "dstack-shim") },
+    componentCommands,
+    env.ctx.log,
+    env.ctx.shutdown,
+  );
+  requestShutdown = vi.fn<(force: boolean) => void>();
+  app = buildApi({
+    version: VERSION,
+    store: env.ctx.store,
+    runner: env.runner,
+    reconciler: env.reconciler,
+    inventory: env.ctx.inventory,
+    components,
+    log: env.ctx.log,
+    requestShutdown,
+  });
+  await app.ready();
+});
+afterEach(async () => {
+  await app.close();
+  await env.dispose();
+});
+
+const post = (url: string, payload?: string | object, headers: Record<string, string> = {}) => {
+  const options: InjectOptions = { method: "POST", url, headers };
+  if (payload !== undefined) {
+    options.payload = typeof payload === "string" ? payload : JSON.stringify(payload);
+    if (headers["content-type"] === undefined)
+      options.headers = { "content-type": "application/json", ...headers };
+  }
+  return app.inject(options);
+};
+
+/** The exact plain-text error dstack-shim's `http.Error` writes. */
+function expectTextError(res: LightMyRequestResponse, status: number, body?: string | RegExp): void {
+  expect(res.statusCode).toBe(status);
+  expect(res.headers["content-type"]).toBe("text/plain; charset=utf-8");
+  expect(res.headers["x-content-type-options"]).toBe("nosniff");
+  expect(res.body.endsWith("\n")).toBe(true);
+  if (typeof body === "string") expect(res.body).toBe(body);
+  else if (body) expect(res.body).toMatch(body);
+}
+
+async function submitRunning(overrides: Record<string, unknown> = {}): Promise<string> {
+  const body = taskBody(overrides);
+  const res = await post("/api/tasks", body);
+  expect(res.statusCode).toBe(200);
+  await env.runner.awaitStarts();
+  return body.id as string;
+}
+
+describe("GET endpoints", () => {
+  it("healthcheck answers exactly service and version", async () => {
+    const res = await app.inject({ method: "GET", url: "/api/healthcheck" });
+    expect(res.statusCode).toBe(200);
+    expect(res.headers["content-type"]).toMatch(/^application\/json/);
+    expect(res.body).toBe(`{"service":"dstack-shim","version":"${PACKAGE_VERSION}"}`);
+  });
+
+  it("lists tasks as {tasks: [{id, status}]}", async () => {
+    expect((await app.inject({ method: "GET", url: "/api/tasks" })).json()).toEqual({ tasks: [] });
+    const id = await submitRunning();
+    const res = await app.inject({ method: "GET", url: "/api/tasks" });
+    expect(res.statusCode).toBe(200);
+    expect(res.json()).toEqual({ tasks: [{ id, status: "running" }] });
+  });
+
+  it("task info has exactly the TaskInfoResponse keys", async () => {
+    const id = await submitRunning({ gpu: 1 });
+    const res = await app.inject({ method: "GET", url: `/api/tasks/${id}` });
+    expect(res.statusCode).toBe(200);
+    const info = res.json<Record<string, unknown>>();
+    expect(Object.keys(info).sort()).toEqual([...TASK_INFO_KEYS].sort());
+    const task = env.ctx.store.mustGet(id);
+    expect(info).toMatchObject({
+      id,
+      status: "running",
+      termination_reason: "",
+      termination_message: "",
+      ports: [],
+      container_name: task.containerName,
+      container_id: task.containerId,
+      gpus_ids: ["/dev/dri/renderD128"],
+    });
+  });
+
+  it("answers 404 'Not Found' in plain text for an unknown task", async () => {
+    expectTextError(await app.inject({ method: "GET", url: "/api/tasks/nope" }), 404, "Not Found\n");
+  });
+
+  it("answers 404 page not found for an unknown path", async () => {
+    expectTextError(
+      await app.inject({ method: "GET", url: "/api/nothing-here" }),
+      404,
+      "404 page not found\n",
+    );
+    expectTextError(await app.inject({ method: "POST", url: "/nothing" }), 404, "404 page not found\n");
+  });
+
+  it("answers 405 for a wrong method on a known path", async () => {
+    expectTextError(await app.inject({ method: "DELETE", url: "/api/tasks" }), 405, "Method Not Allowed\n");
+    expectTextError(await app.inject({ method: "GET", url: "/api/shutdown" }), 405, "Method Not Allowed\n");
+    expectTextError(await app.inject({ method: "PUT", url: "/api/tasks/abc/terminate" }), 405);
+    expectTextError(await app.inject({ method: "POST", url: "/api/healthcheck" }), 405);
+  });
+
+  it("answers reads from memory: a task GET makes no Docker call", async () => {
+    const id = await submitRunning();
+    env.docker.resetCalls();
+    for (const url of [`/api/tasks/${id}`, "/api/tasks", "/api/healthcheck", "/api/instance/info"]) {
+      expect((await app.inject({ method: "GET", url })).statusCode).toBe(200);
+    }
+    expect(env.docker.calls.map((c) => c.method)).toEqual([]);
+  });
+
+  it("instance info comes from the first GPU", async () => {
+    const res = await app.inject({ method: "GET", url: "/api/instance/info" });
+    expect(res.json()).toEqual({ gpu_vendor: "amd", gpu_driver_version: "6.8.5" });
+  });
+});
+
+describe("request body decoding", () => {
+  it("rejects a Content-Type other than application/json with 415", async () => {
+    const res = await post("/api/tasks", JSON.stringify(taskBody()), { "content-type": "text/plain" });
+    expectTextError(res, 415, "Content-Type header is not application/json\n");
+    expect(env.ctx.store.size).toBe(0);
+  });
+
+  it("accepts a JSON body without a Content-Type header", async () => {
+    const body = taskBody();
+    const res = await app.inject({ method: "POST", url: "/api/tasks", payload: JSON.stringify(body) });
+    expect(res.headers["content-type"]).toMatch(/^application\/json/);
+    expect(res.statusCode).toBe(200);
+    expect(res.json<{ id: string }>().id).toBe(body.id);
+    await env.runner.awaitStarts();
+  });
+
+  it("accepts application/json with parameters", async () => {
+    const res = await post("/api/tasks", taskBody(), { "content-type": "application/json; charset=utf-8" });
+    expect(res.statusCode).toBe(200);
+    await env.runner.awaitStarts();
+  });
+
+  it("rejects an empty body with 400", async () => {
+    expectTextError(
+      await post("/api/tasks", "", { "content-type": "application/json" }),
+      400,
+      "Request body must not be empty\n",
+    );
+    expectTextError(
+      await app.inject({ method: "POST", url: "/api/tasks" }),
+      400,
+      "Request body must not be empty\n",
+    );
+  });
+
+  it("rejects bad JSON with 400", async () => {
+    const res = await post("/api/tasks", '{"id": "x",', { "content-type": "application/json" });
+    expectTextError(res, 400, /^Request body contains badly-formed JSON/);
+  });
+
+  it("rejects a body over 1 MiB with 413", async () => {
+    const huge = JSON.stringify({ ...taskBody(), padding: "x".repeat(1024 * 1024) });
+    expectTextError(await post("/api/tasks", huge), 413, "Request body must not be larger than 1MB\n");
+    expect(env.ctx.store.size).toBe(0);
+  });
+});
+
+describe("POST /api/tasks", () => {
+  it("answers 400 for an empty id, name or image_name", async () => {
+    expectTextError(await post("/api/tasks", { name: "a", image_name: "busybox" }), 400, "empty id\n");
+    expectTextError(await post("/api/tasks", { id: "t1", image_name: "busybox" }), 400, "empty name\n");
+    expectTextError(
+      await post("/api/tasks", { id: "t1", name: "a", image_name: "" }),
+      400,
+      "empty image_name\n",
+    );
+    expect(env.ctx.store.size).toBe(0);
+  });
+
+  it("answers 409 'request error: …' for a duplicate id with a different config, 200 for the same", async () => {
+    const body = taskBody();
+    expect((await post("/api/tasks", body)).statusCode).toBe(200);
+    const same = await post("/api/tasks", body);
+    expect(same.statusCode).toBe(200);
+    expect(same.json<{ id: string }>().id).toBe(body.id);
+    const conflict = await post("/api/tasks", { ...body, image_name: "busybox:1.37" });
+    expectTextError(conflict, 409, /^request error: /);
+    await env.runner.awaitStarts();
+    expect(env.docker.count("createContainer")).toBe(1);
+  });
+
+  it("answers with the snake_case task info", async () => {
+    const body = taskBody();
+    const res = await post("/api/tasks", body);
+    expect(Object.keys(res.json<object>()).sort()).toEqual([...TASK_INFO_KEYS].sort());
+    await env.runner.awaitStarts();
+  });
+});
+
+describe("POST /api/tasks/{id}/terminate", () => {
+  it("rejects a negative or fractional timeout with 400", async () => {
+    const id = await submitRunning();
+    for (const timeout of [-1, 1.5]) {
+      const res = await post(`/api/tasks/${id}/terminate`, {
+        termination_reason: "terminated_by_user",
+        timeout,
+      });
+      expectTextError(res, 400, /timeout/);
+    }
+    expect(env.ctx.store.mustGet(id).status).toBe("running");
+    expect(env.docker.count("stopContainer")).toBe(0);
+  });
+
+  it("answers 404 for an unknown task", async () => {
+    const res = await post("/api/tasks/nope/terminate", {
+      termination_reason: "terminated_by_user",
+      timeout: 0,
+    });
+    expectTextError(res, 404);
+  });
+
+  it("terminates and answers the task info, keeping the first reason on a repeat", async () => {
+    const id = await submitRunning();
+    const first = await post(`/api/tasks/${id}/terminate`, {
+      termination_reason: "terminated_by_user",
+      termination_message: "bye",
+      timeout: 0,
+    });
+    expect(first.statusCode).toBe(200);
+    expect(first.json()).toMatchObject({
+      id,
+      status: "terminated",
+      termination_reason: "terminated_by_user",
+    });
+    const again = await post(`/api/tasks/${id}/terminate`, {
+      termination_reason: "max_duration_exceeded",
+      timeout: 0,
+    });
+    expect(again.statusCode).toBe(200);
+    expect(again.json()).toMatchObject({
+      termination_reason: "terminated_by_user",
+      termination_message: "bye",
+    });
+  });
+
+  it("gives a terminate without a reason the valid reason terminated_by_server", async () => {
+    const id = await submitRunning();
+    const res = await post(`/api/tasks/${id}/terminate`, {
+      termination_reason: "",
+      termination_message: "",
+      timeout: 0,
+    });
+    expect(res.json()).toMatchObject({ status: "terminated", termination_reason: "terminated_by_server" });
+  });
+
+  it("answers 500 'internal error: failed to stop container: …' when the stop fails", async () => {
+    const id = await submitRunning();
+    env.docker.failNext("stopContainer", new Error("engine went away"));
+    const res = await post(`/api/tasks/${id}/terminate`, {
+      termination_reason: "terminated_by_user",
+      timeout: 0,
+    });
+    expectTextError(res, 500, /^internal error: failed to stop container: .*engine went away/);
+  });
+});
+
+describe("POST /api/tasks/{id}/remove", () => {
+  it("answers 409 for a running task", async () => {
+    const id = await submitRunning();
+    const res = await post(`/api/tasks/${id}/remove`);
+    expectTextError(res, 409, `request error: cannot remove task ${id} with running status\n`);
+  });
+
+  it("answers 404 for an unknown task", async () => {
+    expectTextError(await post("/api/tasks/nope/remove"), 404);
+  });
+
+  it("answers 200 with a bare newline in text/plain once removed", async () => {
+    const id = await submitRunning();
+    expect(
+      (await post(`/api/tasks/${id}/terminate`, { termination_reason: "terminated_by_user" })).statusCode,
+    ).toBe(200);
+    const res = await post(`/api/tasks/${id}/remove`);
+    expect(res.statusCode).toBe(200);
+    expect(res.body).toBe("\n");
+    expect(res.headers["content-type"]).toBe("text/plain; charset=utf-8");
+    expect(env.ctx.store.get(id)).toBeUndefined();
+    expect((await app.inject({ method: "GET", url: `/api/tasks/${id}` })).statusCode).toBe(404);
+  });
+});
+
+describe("POST /api/shutdown", () => {
+  it("answers 200 and asks for a graceful shutdown", async () => {
+    const res = await post("/api/shutdown", { force: false });
+    expect(res.statusCode).toBe(200);
+    expect(res.body).toBe("\n");
+    expect(requestShutdown.mock.calls).toEqual([[false]]);
+  });
+
+  it("passes force on", async () => {
+    await post("/api/shutdown", { force: true });
+    expect(requestShutdown.mock.calls).toEqual([[true]]);
+  });
+
+  it("rejects an empty body with 400 and does not shut down", async () => {
+    expectTextError(await post("/api/shutdown", ""), 400, "Request body must not be empty\n");
+    expectTextError(await post("/api/shutdown", { force: "yes" }), 400);
+    expect(requestShutdown).not.toHaveBeenCalled();
+  });
+});
+
+describe("components", () => {
+  it("lists dstack-runner, then dstack-shim", async () => {
+    const res = await app.inject({ method: "GET", url: "/api/components" });
+    expect(res.statusCode).toBe(200);
+    expect(res.json()).toEqual({
+      components: [
+        { name: "dstack-runner", version: "", status: "not-installed" },
+        { name: "dstack-shim", version: "", status: "not-installed" },
+      ],
+    });
+  });
+
+  it("rejects an install with an empty name, an empty url or an unknown component with 400", async () => {
+    expectTextError(
+      await post("/api/components/install", { name: "", url: "https://example.com/x" }),
+      400,
+      "empty name\n",
+    );
+    expectTextError(
+      await post("/api/components/install", { name: "dstack-runner", url: "" }),
+      400,
+      "empty url\n",
+    );
+    expectTextError(
+      await post("/api/components/install", { name: "dstack-other", url: "https://example.com/x" }),
+      400,
+      "unknown component\n",
+    );
+    expect(componentCommands.calls).toEqual([]);
+    const list = await app.inject({ method: "GET", url: "/api/components" });
+    expect(list.json<{ components: { status: string }[] }>().components.map((c) => c.status)).toEqual([
+      "not-installed",
+      "not-installed",
+    ]);
+  });
+});
