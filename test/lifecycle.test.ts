@@ -1,5 +1,5 @@
 import { existsSync } from "node:fs";
-import { readFile } from "node:fs/promises";
+import { readFile, stat } from "node:fs/promises";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { testDocker } from "./support/docker.js";
@@ -140,6 +140,29 @@ describe("task lifecycle on a real engine", () => {
     const done = await shim.waitTerminated(cfg.id);
     expect(done.termination_message).toContain("size=1024k");
     expect(done.termination_message).not.toContain("noexec");
+  });
+
+  // Privileged containers cannot start in this sandbox (runc may not apply all caps), so the
+  // privileged flag is checked on the container spec in the unit tests instead.
+  it("applies cpu, memory, env and instance mounts to the container", async () => {
+    const hostDir = join(shim.home, "instance-data", "fresh");
+    const cfg = commandTask("res", ["sh", "-c", "echo $GREETING > /data/out.txt; exit 1"], {
+      cpu: 0.5,
+      memory: 64 * 1024 * 1024,
+      env: { GREETING: "hello from env" },
+      instance_mounts: [{ instance_path: hostDir, path: "/data", optional: false }],
+    });
+    await shim.submit(cfg);
+    const done = await shim.waitTerminated(cfg.id);
+    const info = await inspect(done.container_id);
+    expect(info.HostConfig.NanoCpus).toBe(500_000_000);
+    expect(info.HostConfig.Memory).toBe(64 * 1024 * 1024);
+    expect(info.HostConfig.Privileged).toBe(false);
+    expect(info.HostConfig.NetworkMode).toBe("host");
+    expect(info.Config.User).toBe("root");
+    // A missing instance path is created world-writable, and the container wrote through it.
+    expect(await readFile(join(hostDir, "out.txt"), "utf8")).toBe("hello from env\n");
+    expect((await stat(hostDir)).mode & 0o777).toBe(0o777);
   });
 
   it("sees a container's exit within half a second", async () => {

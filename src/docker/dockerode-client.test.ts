@@ -1,0 +1,86 @@
+import { describe, expect, it } from "vitest";
+import {
+  mapDockerError,
+  DockerConflictError,
+  DockerNotFoundError,
+  DockerUnavailableError,
+} from "./docker-errors.js";
+import { demuxLogBuffer, extractPorts, splitLogLines } from "./dockerode-client.js";
+
+function frame(stream: 1 | 2, text: string): Buffer {
+  const payload = Buffer.from(text);
+  const header = Buffer.alloc(8);
+  header[0] = stream;
+  header.writeUInt32BE(payload.length, 4);
+  return Buffer.concat([header, payload]);
+}
+
+describe("demuxLogBuffer", () => {
+  it("joins stdout and stderr frames in stored order", () => {
+    const buffer = Buffer.concat([frame(1, "out1\n"), frame(2, "err\n"), frame(1, "out2\n")]);
+    expect(splitLogLines(demuxLogBuffer(buffer))).toEqual(["out1", "err", "out2"]);
+  });
+
+  it("returns a TTY log (no frame headers) as it is", () => {
+    expect(demuxLogBuffer(Buffer.from("plain tty output\n"))).toBe("plain tty output\n");
+  });
+
+  it("keeps an empty log empty", () => {
+    expect(splitLogLines(demuxLogBuffer(Buffer.alloc(0)))).toEqual([]);
+  });
+});
+
+describe("extractPorts", () => {
+  it("keeps IPv4 tcp bindings, sorted by container port", () => {
+    expect(
+      extractPorts({
+        "10999/tcp": [
+          { HostIp: "127.0.0.1", HostPort: "32768" },
+          { HostIp: "::1", HostPort: "32768" },
+        ],
+        "10022/tcp": [{ HostIp: "127.0.0.1", HostPort: "32769" }],
+        "53/udp": [{ HostIp: "127.0.0.1", HostPort: "32770" }],
+        "80/tcp": null,
+      }),
+    ).toEqual([
+      { host: 32769, container: 10022 },
+      { host: 32768, container: 10999 },
+    ]);
+  });
+
+  it("returns [] for no ports", () => {
+    expect(extractPorts(null)).toEqual([]);
+  });
+});
+
+describe("mapDockerError", () => {
+  it("maps status codes to typed errors with the engine's message", () => {
+    const notFound = mapDockerError(
+      { statusCode: 404, json: { message: "No such container: x" } },
+      "inspect",
+    );
+    expect(notFound).toBeInstanceOf(DockerNotFoundError);
+    expect(notFound.message).toBe("inspect: No such container: x");
+    expect(mapDockerError({ statusCode: 409, json: { message: "conflict" } }, "create")).toBeInstanceOf(
+      DockerConflictError,
+    );
+  });
+
+  it("reads the message of a streamed call from the error text", () => {
+    const error = Object.assign(
+      new Error("(HTTP code 500) server error - Head https://r/v2/x: unauthorized: authentication required "),
+      { statusCode: 500, reason: "server error", json: null },
+    );
+    expect(mapDockerError(error, "pull").message).toBe(
+      "pull: Head https://r/v2/x: unauthorized: authentication required",
+    );
+  });
+
+  it("treats a connection failure or an abort as an unavailable engine", () => {
+    expect(
+      mapDockerError(Object.assign(new Error("connect ENOENT"), { code: "ENOENT" }), "ping"),
+    ).toBeInstanceOf(DockerUnavailableError);
+    const abort = Object.assign(new Error("aborted"), { name: "AbortError" });
+    expect(mapDockerError(abort, "list").message).toContain("deadline exceeded or cancelled");
+  });
+});
