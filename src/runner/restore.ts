@@ -2,8 +2,7 @@ import { existsSync } from "node:fs";
 import type { TaskContainerSummary } from "../docker/docker-client.js";
 import { gpuIdsFromContainer } from "../host/gpu-inventory.js";
 import { UnsupportedTaskStateVersionError, type TaskState } from "../state/task-state-file.js";
-import { containerNameFor } from "../tasks/container-name.js";
-import type { Task } from "../tasks/task.js";
+import { newTask, type Task } from "../tasks/task.js";
 import { parseTaskConfig } from "../tasks/task-config.js";
 import type { TaskStatus } from "../tasks/task-status.js";
 import type { RunnerContext } from "./runner-context.js";
@@ -96,19 +95,17 @@ export async function restoreTasks(ctx: RunnerContext): Promise<RestoreReport> {
           : "running";
     const taskDir = stored?.dir ?? legacyDir(ctx, container.name);
     add(ctx, {
+      ...newTask(config),
       id: taskId,
       status,
       terminationReason: reason,
       terminationMessage: stored?.state.termination_message ?? "",
-      config,
       containerName: container.name,
       containerId: container.id,
       ports: container.state === "created" ? null : (details?.ports ?? []),
       gpuIds: ownedGpus,
-      pullProgress: null,
       taskDir,
       cleanedUp,
-      startInFlight: false,
       ...(stored?.state.exit_code !== undefined ? { exitCode: stored.state.exit_code } : {}),
     });
     if (status === "creating") resumed.push(taskId);
@@ -125,19 +122,12 @@ export async function restoreTasks(ctx: RunnerContext): Promise<RestoreReport> {
     // as "container not found" with the exit code unknown.
     else status = "running";
     add(ctx, {
-      id: taskId,
+      ...newTask(state.config),
       status,
       terminationReason: reason,
       terminationMessage: state.termination_message,
-      config: state.config,
-      containerName: containerNameFor(state.config.name, state.config.id),
-      containerId: "",
-      ports: null,
-      gpuIds: [],
-      pullProgress: null,
       taskDir: dir,
       cleanedUp: state.cleaned_up,
-      startInFlight: false,
       ...(state.exit_code !== undefined ? { exitCode: state.exit_code } : {}),
     });
     if (PRE_CONTAINER.includes(status)) resumed.push(taskId);

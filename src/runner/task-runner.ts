@@ -13,8 +13,7 @@ import { consumePullStream, PullTracker } from "../docker/pull-progress.js";
 import { linkedSignal } from "../exec/linked-signal.js";
 import { gpuContainerConfig } from "../host/gpu-inventory.js";
 import { TaskDirs } from "../state/task-dirs.js";
-import { containerNameFor } from "../tasks/container-name.js";
-import type { Task, TaskDraft } from "../tasks/task.js";
+import { newTask, type Task, type TaskDraft } from "../tasks/task.js";
 import { sameTaskConfig, type RegistryAuth, type TaskConfig } from "../tasks/task-config.js";
 import { TaskNotFoundError } from "../tasks/task-store.js";
 import { TASK_STATUSES, type TaskStatus } from "../tasks/task-status.js";
@@ -92,22 +91,7 @@ export class TaskRunner {
       await this.submits.get(config.id);
       return this.ctx.store.mustGet(config.id);
     }
-    const containerName = containerNameFor(config.name, config.id);
-    this.ctx.store.add({
-      id: config.id,
-      status: "pending",
-      terminationReason: "",
-      terminationMessage: "",
-      config,
-      containerName,
-      containerId: "",
-      ports: null,
-      gpuIds: [],
-      pullProgress: null,
-      taskDir: "",
-      cleanedUp: false,
-      startInFlight: false,
-    });
+    const { containerName } = this.ctx.store.add(newTask(config));
     const persisted = (async () => {
       try {
         const taskDir = await this.ctx.dirs.make(containerName);

@@ -1,4 +1,5 @@
 import type { ImagePullProgress } from "../docker/pull-progress.js";
+import { containerNameFor } from "./container-name.js";
 import type { TaskConfig } from "./task-config.js";
 import type { TaskStatus } from "./task-status.js";
 import type { TerminationReason } from "./termination-reason.js";
@@ -40,3 +41,22 @@ export interface Task {
 
 /** A mutable draft handed to `TaskStore.modify`. */
 export type TaskDraft = { -readonly [K in keyof Task]: Task[K] };
+
+/** A new task in `pending`, holding nothing yet. */
+export function newTask(config: TaskConfig): Task {
+  return {
+    id: config.id,
+    status: "pending",
+    terminationReason: "",
+    terminationMessage: "",
+    config,
+    containerName: containerNameFor(config.name, config.id),
+    containerId: "",
+    ports: null,
+    gpuIds: [],
+    pullProgress: null,
+    taskDir: "",
+    cleanedUp: false,
+    startInFlight: false,
+  };
+}
