@@ -12,6 +12,7 @@ import { AuthorizedKeys, HostKeysReconciler, passwdUserLookup } from "../host/au
 import { detectGpus } from "../host/gpu-inventory.js";
 import { GpuLock } from "../host/gpu-lock.js";
 import { HostVolumes } from "../host/volumes.js";
+import { armFailpoints } from "../runner/failpoints.js";
 import { Reconciler } from "../runner/reconciler.js";
 import { restoreTasks } from "../runner/restore.js";
 import type { RunnerContext } from "../runner/runner-context.js";
@@ -53,8 +54,8 @@ function createLogger(config: ShimConfig): Logger {
   );
 }
 
-async function readBootId(): Promise<string> {
-  return (await readFile("/proc/sys/kernel/random/boot_id", "utf8").catch(() => "unknown")).trim();
+async function readBootId(path: string): Promise<string> {
+  return (await readFile(path, "utf8").catch(() => "unknown")).trim();
 }
 
 /** A running shim: `stopped` settles once it has shut down. */
@@ -81,6 +82,13 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
     throw new StartupError((error as Error).message, { cause: error });
   }
   const log = createLogger(config);
+  try {
+    armFailpoints(config.testing.failpoints);
+  } catch (error) {
+    await lock.release();
+    throw new StartupError((error as Error).message, { cause: error });
+  }
+  if (config.testing.failpoints) log.warn({ failpoints: config.testing.failpoints }, "failpoints armed");
   const shutdownController = new AbortController();
   const interruption = new AbortController();
   try {
@@ -120,11 +128,16 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
       inventory,
       gpuLock: new GpuLock(inventory),
       hostKeys: new HostKeysReconciler(
-        new AuthorizedKeys(passwdUserLookup(), (msg, fields) => log.warn(fields ?? {}, msg)),
+        new AuthorizedKeys(passwdUserLookup(config.testing.passwdFile), (msg, fields) =>
+          log.warn(fields ?? {}, msg),
+        ),
       ),
-      volumes: new HostVolumes(commands, { mountRoot: config.volumeMountRoot }),
+      volumes: new HostVolumes(commands, {
+        mountRoot: config.volumeMountRoot,
+        diskByIdDir: config.testing.diskByIdDir,
+      }),
       params,
-      bootId: await readBootId(),
+      bootId: await readBootId(config.testing.bootIdFile),
       log,
       shutdown: shutdownController.signal,
     };

@@ -24,7 +24,25 @@ export interface ShimConfig {
   readonly serviceMode: boolean;
   readonly gpuFixture: string;
   readonly volumeMountRoot: string;
+  /** Environment-only knobs for tests and chaos runs (see TESTING_ENV). */
+  readonly testing: {
+    readonly failpoints: string;
+    readonly bootIdFile: string;
+    readonly passwdFile: string;
+    readonly diskByIdDir: string;
+  };
 }
+
+/**
+ * Environment-only settings that let tests stand in for host facts (a reboot, a user, a disk)
+ * and arm failpoints. Their defaults are the real host's.
+ */
+export const TESTING_ENV = {
+  failpoints: "TASKSHIM_FAILPOINTS",
+  bootIdFile: "TASKSHIM_BOOT_ID_FILE",
+  passwdFile: "TASKSHIM_PASSWD_FILE",
+  diskByIdDir: "TASKSHIM_DISK_BY_ID_DIR",
+} as const;
 
 /** A flag or environment value that cannot be used; the message names it. */
 export class ConfigError extends Error {
@@ -178,5 +196,11 @@ export function resolveShimConfig(
     serviceMode: bool(get("service") ?? false, "service"),
     gpuFixture: str("gpuFixture", ""),
     volumeMountRoot: path("volumeMountRoot", DEFAULT_VOLUME_MOUNT_ROOT),
+    testing: {
+      failpoints: env[TESTING_ENV.failpoints] ?? "",
+      bootIdFile: env[TESTING_ENV.bootIdFile] || "/proc/sys/kernel/random/boot_id",
+      passwdFile: env[TESTING_ENV.passwdFile] || "/etc/passwd",
+      diskByIdDir: env[TESTING_ENV.diskByIdDir] || "/dev/disk/by-id",
+    },
   };
 }

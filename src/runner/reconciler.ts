@@ -148,9 +148,13 @@ export class Reconciler {
         const lines = await docker
           .containerLogTail(details.id, LAST_LOG_LINES, this.ctx.shutdown)
           .catch(() => []);
-        const message = [...(details.oomKilled ? ["container was OOM-killed"] : []), ...lines]
-          .join("\n")
-          .slice(-4096);
+        const notes = [
+          ...(task.acrossReboot
+            ? [`the host rebooted while the task was running (exit code ${details.exitCode})`]
+            : []),
+          ...(details.oomKilled ? ["container was OOM-killed"] : []),
+        ];
+        const message = [...notes, ...lines].join("\n").slice(-4096);
         await this.finalize(task, "container_exited_with_error", message, details.exitCode);
         return;
       }

@@ -1,4 +1,5 @@
 import { existsSync } from "node:fs";
+import { basename } from "node:path";
 import type { TaskContainerSummary } from "../docker/docker-client.js";
 import { gpuIdsFromContainer } from "../host/gpu-inventory.js";
 import { UnsupportedTaskStateVersionError, type TaskState } from "../state/task-state-file.js";
@@ -18,6 +19,8 @@ export interface RestoreReport {
   readonly skippedNewer: string[];
   /** Labelled containers without a task id label. */
   readonly ignoredContainers: string[];
+  /** Leftover dirs deleted (never a dir with a state file). */
+  readonly swept: string[];
 }
 
 const PRE_CONTAINER: readonly TaskStatus[] = ["pending", "preparing", "pulling", "creating"];
@@ -58,6 +61,7 @@ export async function restoreTasks(ctx: RunnerContext): Promise<RestoreReport> {
     states.set(entry.state.id, { dir: entry.dir, state: entry.state });
   }
 
+  const newerDirs = new Map(skippedNewer.map((dir) => [basename(dir), dir]));
   const ignoredContainers: string[] = [];
   const resumed: string[] = [];
   const byTask = new Map<string, TaskContainerSummary>();
@@ -93,7 +97,8 @@ export async function restoreTasks(ctx: RunnerContext): Promise<RestoreReport> {
         : stored?.state.status && PRE_CONTAINER.includes(stored.state.status) && container.state === "created"
           ? "creating"
           : "running";
-    const taskDir = stored?.dir ?? legacyDir(ctx, container.name);
+    const foreignDir = stored ? undefined : newerDirs.get(container.name);
+    const taskDir = stored?.dir ?? foreignDir ?? legacyDir(ctx, container.name);
     add(ctx, {
       ...newTask(config),
       id: taskId,
@@ -107,6 +112,8 @@ export async function restoreTasks(ctx: RunnerContext): Promise<RestoreReport> {
       taskDir,
       cleanedUp,
       ...(stored?.state.exit_code !== undefined ? { exitCode: stored.state.exit_code } : {}),
+      ...(foreignDir !== undefined ? { foreign: true } : {}),
+      ...(acrossReboot(ctx, stored?.state) ? { acrossReboot: true } : {}),
     });
     if (status === "creating") resumed.push(taskId);
   }
@@ -129,10 +136,13 @@ export async function restoreTasks(ctx: RunnerContext): Promise<RestoreReport> {
       taskDir: dir,
       cleanedUp: state.cleaned_up,
       ...(state.exit_code !== undefined ? { exitCode: state.exit_code } : {}),
+      ...(acrossReboot(ctx, state) ? { acrossReboot: true } : {}),
     });
     if (PRE_CONTAINER.includes(status)) resumed.push(taskId);
   }
 
+  const swept = await dirs.sweepLeftovers(new Set(containers.map((c) => c.name)));
+  if (swept.length > 0) log.info({ swept }, "leftover task dirs swept");
   log.info(
     {
       restored: store.size,
@@ -142,7 +152,12 @@ export async function restoreTasks(ctx: RunnerContext): Promise<RestoreReport> {
     },
     "tasks restored",
   );
-  return { restored: store.size, resumed, quarantined, skippedNewer, ignoredContainers };
+  return { restored: store.size, resumed, quarantined, skippedNewer, ignoredContainers, swept };
+}
+
+/** The state was last written during an earlier boot of this host. */
+function acrossReboot(ctx: RunnerContext, state: TaskState | undefined): boolean {
+  return state?.boot_id !== undefined && state.boot_id !== ctx.bootId;
 }
 
 function add(ctx: RunnerContext, task: Task): void {

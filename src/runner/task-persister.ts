@@ -27,7 +27,7 @@ export class TaskPersister {
       .catch(() => undefined)
       .then(async () => {
         const task = this.store.get(id);
-        if (!task || task.taskDir === "") return;
+        if (!task || task.taskDir === "" || task.foreign) return;
         try {
           await writeTaskState(task.taskDir, task, this.bootId);
         } catch (cause) {

@@ -19,6 +19,8 @@ import { TaskNotFoundError } from "../tasks/task-store.js";
 import { TASK_STATUSES, type TaskStatus } from "../tasks/task-status.js";
 import type { TerminationReason } from "../tasks/termination-reason.js";
 import { IMAGE_PULL_TIMEOUT_MS, LAST_LOG_LINES, type RunnerContext } from "./runner-context.js";
+import { failpoint } from "./failpoints.js";
+import { deleteRegistryAuth, readRegistryAuth, writeRegistryAuth } from "./registry-auth-file.js";
 import { TaskPersister } from "./task-persister.js";
 
 /** A submit reused an id with a different config. */
@@ -53,6 +55,9 @@ class StartAbandoned extends Error {
 
 const statusRank = (status: TaskStatus): number => TASK_STATUSES.indexOf(status);
 
+const foreignMessage = (id: string): string =>
+  `task ${id} has a state file of a newer taskshim version; only that version may change it`;
+
 /**
  * The task lifecycle: submit, start (prepare → pull → create → start → running, then return),
  * terminate, remove and the one idempotent release. Completion is not here: the reconciler
@@ -61,7 +66,6 @@ const statusRank = (status: TaskStatus): number => TASK_STATUSES.indexOf(status)
  */
 export class TaskRunner {
   readonly persister: TaskPersister;
-  private readonly credentials = new Map<string, RegistryAuth>();
   private readonly pulls = new Map<string, AbortController>();
   private readonly starts = new Map<string, Promise<void>>();
   private readonly submits = new Map<string, Promise<void>>();
@@ -72,8 +76,10 @@ export class TaskRunner {
 
   /** Applies a change to a task and makes it durable before returning. */
   async commit(id: string, fn: (draft: TaskDraft) => void): Promise<Task> {
+    const before = this.ctx.store.mustGet(id).status;
     const task = this.ctx.store.modify(id, fn);
     await this.persister.persist(id);
+    if (task.status !== before) await failpoint(`after-state:${task.status}`);
     return task;
   }
 
@@ -95,9 +101,12 @@ export class TaskRunner {
     const persisted = (async () => {
       try {
         const taskDir = await this.ctx.dirs.make(containerName);
+        await failpoint("after-taskdir");
+        if (auth.username !== "" || auth.password !== "") await writeRegistryAuth(taskDir, auth);
         await this.commit(config.id, (d) => {
           d.taskDir = taskDir;
         });
+        await failpoint("after-state:pending");
       } catch (cause) {
         this.ctx.store.delete(config.id);
         throw new TaskOperationError(`failed to create task ${config.id}: ${(cause as Error).message}`, {
@@ -111,7 +120,6 @@ export class TaskRunner {
     } finally {
       this.submits.delete(config.id);
     }
-    if (auth.username !== "" || auth.password !== "") this.credentials.set(config.id, auth);
     this.ctx.log.info({ taskId: config.id, containerName, image: config.image_name }, "task submitted");
     this.startInBackground(config.id);
     return this.ctx.store.mustGet(config.id);
@@ -181,7 +189,6 @@ export class TaskRunner {
         }).catch((e: unknown) => log.error({ taskId: id, err: e }, "failed to record start failure"));
       }
     } finally {
-      this.credentials.delete(id);
       if (!started) await this.handOver(id);
     }
   }
@@ -212,6 +219,7 @@ export class TaskRunner {
       } catch (cause) {
         throw new StartStepError("executor_error", (cause as Error).message, { cause });
       }
+      await failpoint("after-gpu-acquire");
       // Committed at once, so a concurrent terminate or a failure releases exactly these.
       await this.advance(id, (d) => (d.gpuIds = ids)).catch((error: unknown) => {
         gpuLock.release(ids);
@@ -224,9 +232,13 @@ export class TaskRunner {
       } catch (cause) {
         throw new StartStepError("executor_error", `host ssh keys: ${(cause as Error).message}`, { cause });
       }
+      await failpoint("after-keys-write");
     }
     try {
-      await volumes.prepareVolumes(config.volumes);
+      await volumes.prepareVolumes(
+        config.volumes,
+        (index) => failpoint(`after-volume-mount:${index + 1}`) ?? Promise.resolve(),
+      );
     } catch (cause) {
       throw new StartStepError("executor_error", `prepareVolumes error: ${(cause as Error).message}`, {
         cause,
@@ -253,7 +265,7 @@ export class TaskRunner {
     try {
       const ref = parseImageReference(task.config.image_name);
       pullRef = formatPullReference(ref);
-      const creds = this.credentials.get(id);
+      const creds = await readRegistryAuth(task.taskDir);
       if (creds)
         auth = {
           username: creds.username,
@@ -284,6 +296,7 @@ export class TaskRunner {
     let lastUpdate = 0;
     try {
       const stream = await docker.pullImage(pullRef, auth, controller.signal);
+      await failpoint("mid-pull");
       await consumePullStream(stream, {
         signal: controller.signal,
         onMessage: (message, rawLine) => {
@@ -315,6 +328,8 @@ export class TaskRunner {
       bounded.dispose();
       this.pulls.delete(id);
       await pullLog?.close().catch(() => undefined);
+      // The credentials were kept only to resume this pull after a restart.
+      if (!this.ctx.shutdown.aborted) await deleteRegistryAuth(task.taskDir);
     }
   }
 
@@ -343,6 +358,7 @@ export class TaskRunner {
         });
         try {
           containerId = await docker.createContainer(spec);
+          await failpoint("after-create-before-persist");
         } catch (cause) {
           // A create that timed out may still have happened: adopt rather than duplicate.
           containerId = cause instanceof DockerConflictError ? await this.findOwnContainer(task) : "";
@@ -368,6 +384,7 @@ export class TaskRunner {
           { cause },
         );
       }
+      await failpoint("after-start-before-persist");
       let ports: Task["ports"] = [];
       if (task.config.network_mode === "bridge") {
         ports = (await docker.inspectContainer(containerId).catch(() => undefined))?.ports ?? [];
@@ -416,18 +433,23 @@ export class TaskRunner {
   async release(id: string): Promise<void> {
     const { store, volumes, hostKeys, gpuLock, log } = this.ctx;
     const task = store.get(id);
-    if (!task || task.cleanedUp) return;
+    // A task of a newer state format is read-only: its cleanup inputs are not ours to act on.
+    if (!task || task.cleanedUp || task.foreign) return;
     store.modify(id, (d) => (d.cleanedUp = true));
     const problems: string[] = [];
+    await deleteRegistryAuth(task.taskDir);
     await volumes
       .unmountVolumes(task.config.volumes)
       .catch((e: unknown) => problems.push((e as Error).message));
+    await failpoint("mid-release:volumes");
     if (task.config.host_ssh_keys.length > 0 && task.config.host_ssh_user !== "") {
       await hostKeys
         .reconcile(this.hostKeysByUser([task.config.host_ssh_user]))
         .catch((e: unknown) => problems.push((e as Error).message));
     }
+    await failpoint("mid-release:keys");
     const released = gpuLock.release(task.gpuIds);
+    await failpoint("mid-release:gpus");
     if (store.get(id)) await this.commit(id, (d) => (d.gpuIds = []));
     if (problems.length > 0) log.error({ taskId: id, problems }, "task resources released with errors");
     else log.info({ taskId: id, gpus: released }, "task resources released");
@@ -448,13 +470,16 @@ export class TaskRunner {
     const unlock = await store.lock(id);
     try {
       const before = store.mustGet(id);
+      if (before.foreign) throw new TaskStateError(foreignMessage(id));
       const task = await this.commit(id, (d) => {
         d.status = "terminated";
         d.terminationReason = reason;
         d.terminationMessage = message;
       });
-      if (before.status !== "terminated")
+      if (before.status !== "terminated") {
         log.info({ taskId: id, reason, from: before.status }, "task terminated");
+      }
+      await failpoint("after-terminate-intent");
       this.pulls.get(id)?.abort(new Error(`terminated: ${reason}`));
       // A repeated terminate of a stopped container (exit code known) has nothing to stop.
       const alreadyStopped = before.status === "terminated" && before.exitCode !== undefined;
@@ -464,6 +489,7 @@ export class TaskRunner {
         } catch (cause) {
           throw new TaskOperationError(`failed to stop container: ${(cause as Error).message}`, { cause });
         }
+        await failpoint("after-stop-before-persist");
         const details = await docker.inspectContainer(task.containerId).catch(() => undefined);
         if (details && task.exitCode === undefined && details.state !== "running") {
           await this.commit(id, (d) => (d.exitCode = details.exitCode));
@@ -486,6 +512,7 @@ export class TaskRunner {
     const unlock = await store.lock(id);
     try {
       const task = store.mustGet(id);
+      if (task.foreign) throw new TaskStateError(foreignMessage(id));
       if (task.status !== "terminated") {
         throw new TaskStateError(`cannot remove task ${id} with ${task.status} status`);
       }
@@ -496,6 +523,7 @@ export class TaskRunner {
           cause,
         });
       }
+      await failpoint("after-container-remove");
       await this.release(id);
       store.delete(id);
       await this.persister.settle(id);

@@ -103,6 +103,27 @@ export class TaskDirs {
     return found;
   }
 
+  /**
+   * Deletes what can never belong to a task again: `.trash-*` dirs left by a failed delete,
+   * and dirs holding nothing but an empty `runner/` (a submit cut before its first task.json).
+   * Dirs named in `keep` (a container still uses them) are left alone.
+   */
+  async sweepLeftovers(keep: ReadonlySet<string>): Promise<string[]> {
+    const swept: string[] = [];
+    const names = await readdir(this.root).catch(() => [] as string[]);
+    for (const name of names) {
+      const dir = join(this.root, name);
+      const leftover =
+        name.startsWith(".trash-") ||
+        (!name.startsWith(".") && !keep.has(name) && (await holdsOnlyEmptyRunnerDir(dir)));
+      if (!leftover) continue;
+      await rm(dir, { recursive: true, force: true }).catch(() => undefined);
+      swept.push(dir);
+    }
+    if (swept.length > 0) await syncDirectory(this.root).catch(() => undefined);
+    return swept;
+  }
+
   /** Renames an unusable task.json aside so it is kept for a human and never read again. */
   async quarantine(dir: string): Promise<string> {
     const target = join(dir, `${TASK_STATE_FILE}.quarantined-${Date.now()}`);
@@ -116,5 +137,15 @@ export class TaskDirs {
     for (const name of await readdir(dir).catch(() => [] as string[])) {
       if (name.startsWith(prefix)) await unlink(join(dir, name)).catch(() => undefined);
     }
+  }
+}
+
+async function holdsOnlyEmptyRunnerDir(dir: string): Promise<boolean> {
+  try {
+    const entries = await readdir(dir);
+    if (entries.some((e) => e !== RUNNER_SUBDIR)) return false;
+    return entries.length === 0 || (await readdir(join(dir, RUNNER_SUBDIR))).length === 0;
+  } catch {
+    return false;
   }
 }

@@ -37,6 +37,13 @@ export interface Task {
   readonly startInFlight: boolean;
   /** The container's exit code once known; null when it can never be known (container vanished). */
   readonly exitCode?: number | null;
+  /**
+   * Its task.json has a newer format than this shim understands: shown read-only, never
+   * persisted, released, terminated or removed by this version.
+   */
+  readonly foreign?: boolean;
+  /** Restored from a state file written before the host's last reboot. */
+  readonly acrossReboot?: boolean;
 }
 
 /** A mutable draft handed to `TaskStore.modify`. */
