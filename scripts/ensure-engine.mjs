@@ -30,6 +30,7 @@ const REQUIRED = [
   { bin: "busybox", pkg: "busybox-static", static: true },
   { bin: "docker-registry", pkg: "docker-registry" },
   { bin: "htpasswd", pkg: "apache2-utils" },
+  { bin: "ssh", pkg: "openssh-client" },
 ];
 
 const args = process.argv.slice(2);

@@ -286,12 +286,39 @@ describe("BoundedCommandRunner: deadlines and interruptions", () => {
     expect(expectKind(outcome, "exited").code).toBe(7);
   });
 
-  it("refuses to start an interruptible command once interrupted, but runs a non-interruptible one", async () => {
+  it("ends an unbounded sleep 60 in under a second when an interruption is pending, with verified evidence", async () => {
     const controller = new AbortController();
     controller.abort();
-    const runner = new BoundedCommandRunner(controller.signal, FAST);
-    await expect(runner.run({ argv: ["true"] })).rejects.toThrow(CommandLaunchError);
+    const runner = new BoundedCommandRunner(controller.signal);
+    const started = Date.now();
+    const interrupted = expectKind(await runner.run({ argv: ["sleep", "60"] }), "interrupted");
+    expect(Date.now() - started).toBeLessThan(1_000);
+    expect(interrupted.cleanup).toMatchObject({
+      trigger: "interruption",
+      kill_attempted: true,
+      verified: true,
+    });
     expect(expectKind(await runner.run({ argv: ["true"], interruptible: false }), "exited").code).toBe(0);
+  });
+
+  it("ends an unbounded sleep 60 in under a second when an interruption arrives", async () => {
+    const controller = new AbortController();
+    setTimeout(() => controller.abort(), 100);
+    const started = Date.now();
+    const outcome = await new BoundedCommandRunner(controller.signal).run({ argv: ["sleep", "60"] });
+    expect(Date.now() - started).toBeLessThan(1_000);
+    expect(expectKind(outcome, "interrupted").cleanup.verified).toBe(true);
+  });
+
+  it("does not let a blocked stdin write outlive the bound", async () => {
+    const started = Date.now();
+    const outcome = await new BoundedCommandRunner().run({
+      argv: ["sleep", "60"],
+      stdin: Buffer.alloc(8 * 1024 * 1024, 0x62),
+      bound: OperationBound.within(300),
+    });
+    expect(expectKind(outcome, "expired").cleanup?.verified).toBe(true);
+    expect(Date.now() - started).toBeLessThan(2_000);
   });
 
   it("removes its listener from the interruption signal once the command ends", async () => {

@@ -144,9 +144,6 @@ export class BoundedCommandRunner implements CommandRunner {
       throw new CommandLaunchError("external command argv is empty");
     }
     const interruption = request.interruptible === false ? undefined : this.interruption;
-    if (interruption?.aborted) {
-      throw new CommandLaunchError(`not starting ${program}: the shim is shutting down`);
-    }
 
     const child = spawn(program, args, {
       cwd: request.cwd,
@@ -184,7 +181,9 @@ export class BoundedCommandRunner implements CommandRunner {
     const interrupted = new Promise<Ending>((resolve) => {
       if (!interruption) return;
       onInterrupt = () => resolve({ type: "interruption" });
-      interruption.addEventListener("abort", onInterrupt, { once: true });
+      // A pending interruption ends the command at once, with the same kill-and-reap evidence.
+      if (interruption.aborted) onInterrupt();
+      else interruption.addEventListener("abort", onInterrupt, { once: true });
     });
     const ending: Ending = await Promise.race<Ending>([
       exited.then((status) => ({ type: "exit", ...status })),
