@@ -93,7 +93,8 @@ export function buildApi(deps: ApiDeps) {
     {
       method: "GET",
       url: "/api/healthcheck",
-      handler: () => ({ service: "dstack-shim", version: deps.version }),
+      // `engine` is a taskshim extension; dstack's client ignores fields it does not know.
+      handler: () => ({ service: "dstack-shim", version: deps.version, engine: engineView(deps.reconciler) }),
     },
     {
       method: "POST",
@@ -197,6 +198,18 @@ export function buildApi(deps: ApiDeps) {
     });
   }
   return app;
+}
+
+function engineView(reconciler: Reconciler): { status: string; since?: string; error?: string } {
+  const health = reconciler.engineHealth();
+  switch (health.state) {
+    case "unknown":
+      return { status: "unknown" };
+    case "up":
+      return { status: "up", since: new Date(health.since).toISOString() };
+    case "down":
+      return { status: "down", since: new Date(health.since).toISOString(), error: health.error };
+  }
 }
 
 function parseTerminate(b: Record<string, unknown>): {

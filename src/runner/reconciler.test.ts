@@ -192,8 +192,12 @@ describe("Reconciler.tick (ProcessTasks cases)", () => {
     const { task } = await env.seedTask({ status: "terminated", containerState: "exited", cleanedUp: true });
     await env.reconciler.tick();
     expect(env.ctx.store.mustGet(task.id)).toEqual(task);
-    // §8.6 TerminatedTaskAlreadyCleanedUp: with nothing to reconcile, not even the list runs.
-    expect(env.docker.calls.map((c) => c.method)).toEqual([]);
+    // §8.6 TerminatedTaskAlreadyCleanedUp: with nothing to reconcile, no container call runs;
+    // only the idle health probe pings the engine (at most every 5 s).
+    expect(env.docker.calls.map((c) => c.method)).toEqual(["ping"]);
+    await env.reconciler.tick();
+    expect(env.docker.calls.map((c) => c.method)).toEqual(["ping"]);
+    expect(env.reconciler.engineHealth().state).toBe("up");
   });
 
   it("changes nothing when the list fails, reports the engine down, then up after recovery", async () => {

@@ -6,6 +6,8 @@ import type { TaskRunner } from "./task-runner.js";
 
 /** How often the safety-net list runs. */
 export const RECONCILE_INTERVAL_MS = 1_000;
+/** With no task to reconcile, the engine is still pinged this often, so health stays honest. */
+const IDLE_PROBE_MS = 5_000;
 /** Back-off before reconnecting a dropped event stream. */
 const EVENTS_RECONNECT_MS = 1_000;
 
@@ -33,6 +35,7 @@ export class Reconciler {
   /** Tasks an event said changed: inspected even if the list still says running. */
   private readonly suspects = new Set<string>();
   private health: EngineHealth = { state: "unknown" };
+  private lastProbeAt = 0;
   readonly stats: ReconcileStats = { ticks: 0, lastTickMs: 0, finalized: 0 };
 
   constructor(
@@ -66,7 +69,10 @@ export class Reconciler {
         .filter(
           (t) => !t.startInFlight && (t.status === "running" || (t.status === "terminated" && !t.cleanedUp)),
         );
-      if (candidates.length === 0) return;
+      if (candidates.length === 0) {
+        if (Date.now() - this.lastProbeAt >= IDLE_PROBE_MS) await this.probe();
+        return;
+      }
       let containers: TaskContainerSummary[];
       try {
         containers = await this.ctx.docker.listTaskContainers(this.ctx.shutdown);
@@ -87,7 +93,17 @@ export class Reconciler {
     }
   }
 
+  private async probe(): Promise<void> {
+    try {
+      await this.ctx.docker.ping(this.ctx.shutdown);
+      this.markUp();
+    } catch (error) {
+      this.markDown(error as Error);
+    }
+  }
+
   private markUp(): void {
+    this.lastProbeAt = Date.now();
     if (this.health.state !== "up") {
       if (this.health.state === "down") this.ctx.log.info("docker engine reachable again");
       this.health = { state: "up", since: Date.now() };
@@ -95,6 +111,7 @@ export class Reconciler {
   }
 
   private markDown(error: Error): void {
+    this.lastProbeAt = Date.now();
     if (this.health.state !== "down") {
       this.ctx.log.error({ err: error }, "docker engine unreachable; tasks keep their status");
       this.health = { state: "down", since: Date.now(), error: error.message };
