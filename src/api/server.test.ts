@@ -5,6 +5,7 @@ import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
 import { ComponentService } from "../components/component-service.js";
 import { FakeCommandRunner, makeContext, taskBody, type TestEnv } from "../runner/test-support.js";
 import { VERSION } from "../version.js";
+import { ShimMetrics } from "./metrics.js";
 import { buildApi } from "./server.js";
 
 const PACKAGE_VERSION = (
@@ -46,6 +47,7 @@ beforeEach(async () => {
     inventory: env.ctx.inventory,
     components,
     log: env.ctx.log,
+    metrics: new ShimMetrics(env.ctx.store),
     requestShutdown,
   });
   await app.ready();
@@ -96,6 +98,16 @@ describe("GET endpoints", () => {
       version: PACKAGE_VERSION,
       engine: { status: "unknown" },
     });
+  });
+
+  it("serves Prometheus metrics with tasks by status and no task ids in labels", async () => {
+    const id = await submitRunning();
+    const res = await app.inject({ method: "GET", url: "/metrics" });
+    expect(res.statusCode).toBe(200);
+    expect(res.headers["content-type"]).toMatch(/^text\/plain/);
+    expect(res.body).toContain('taskshim_tasks{status="running"} 1');
+    expect(res.body).toContain('taskshim_tasks{status="pending"} 0');
+    expect(res.body).not.toContain(id);
   });
 
   it("lists tasks as {tasks: [{id, status}]}", async () => {

@@ -13,6 +13,7 @@ import { InvalidTaskConfigError, parseTaskConfig } from "../tasks/task-config.js
 import { TaskNotFoundError, type TaskStore } from "../tasks/task-store.js";
 import { normalizeTerminationReason } from "../tasks/termination-reason.js";
 import { BODY_LIMIT_BYTES, decodeObjectBody, HttpError } from "./http-errors.js";
+import type { ShimMetrics } from "./metrics.js";
 import { taskInfo } from "./wire.js";
 
 /** What the HTTP edge needs from the rest of the shim. */
@@ -24,6 +25,7 @@ export interface ApiDeps {
   readonly inventory: GpuInventory;
   readonly components: ComponentService;
   readonly log: Logger;
+  readonly metrics: ShimMetrics;
   /** Starts a graceful (or forced) shutdown; the process exits 0 once it is done. */
   requestShutdown(force: boolean): void;
 }
@@ -169,6 +171,14 @@ export function buildApi(deps: ApiDeps) {
         await deps.runner.remove((request.params as { id: string }).id);
         return sendText(reply, 200, "");
       },
+    },
+    {
+      method: "GET",
+      url: "/metrics",
+      handler: async (_request, reply) =>
+        reply
+          .header("content-type", deps.metrics.registry.contentType)
+          .send(await deps.metrics.registry.metrics()),
     },
     {
       method: "GET",

@@ -2,6 +2,7 @@ import { existsSync } from "node:fs";
 import { mkdir, readFile } from "node:fs/promises";
 import { join } from "node:path";
 import { pino, type Logger } from "pino";
+import { ShimMetrics } from "../api/metrics.js";
 import { buildApi } from "../api/server.js";
 import { ComponentService } from "../components/component-service.js";
 import type { ShimConfig } from "../config/shim-config.js";
@@ -92,7 +93,10 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
   const shutdownController = new AbortController();
   const interruption = new AbortController();
   try {
-    const docker = DockerodeClient.fromEnv();
+    const store = new TaskStore();
+    const metrics = new ShimMetrics(store);
+    metrics.starts.inc();
+    const docker = DockerodeClient.fromEnv(process.env.DOCKER_HOST, metrics.countEngineCall);
     try {
       await docker.ping();
     } catch (error) {
@@ -123,7 +127,7 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
     };
     const ctx: RunnerContext = {
       docker,
-      store: new TaskStore(),
+      store,
       dirs: new TaskDirs(config.home),
       inventory,
       gpuLock: new GpuLock(inventory),
@@ -140,10 +144,14 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
       bootId: await readBootId(config.testing.bootIdFile),
       log,
       shutdown: shutdownController.signal,
+      observer: metrics.observer,
     };
     const runner = new TaskRunner(ctx);
     const reconciler = new Reconciler(ctx, runner);
     const report = await restoreTasks(ctx);
+    metrics.restoredTasks.set(report.restored);
+    metrics.quarantined.set({ kind: "corrupt" }, report.quarantined.length);
+    metrics.quarantined.set({ kind: "newer-format" }, report.skippedNewer.length);
     await ctx.hostKeys.reconcile(runner.hostKeysByUser()).catch((error: unknown) => {
       log.error({ err: error }, "host keys reconcile at startup failed");
     });
@@ -172,6 +180,7 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
       inventory,
       components,
       log,
+      metrics,
       requestShutdown: (force) => shutdown(force),
     });
     try {

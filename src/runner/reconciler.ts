@@ -36,6 +36,9 @@ export class Reconciler {
   private readonly suspects = new Set<string>();
   private health: EngineHealth = { state: "unknown" };
   private lastProbeAt = 0;
+  /** When the engine last answered, and the last window in which it did not. */
+  private lastUpAt = 0;
+  private outage: { readonly from: number; readonly to: number } | undefined;
   readonly stats: ReconcileStats = { ticks: 0, lastTickMs: 0, finalized: 0 };
 
   constructor(
@@ -90,6 +93,7 @@ export class Reconciler {
       }
     } finally {
       this.stats.lastTickMs = performance.now() - started;
+      this.ctx.observer?.tickDone(this.stats.lastTickMs / 1000);
     }
   }
 
@@ -103,14 +107,19 @@ export class Reconciler {
   }
 
   private markUp(): void {
-    this.lastProbeAt = Date.now();
-    if (this.health.state !== "up") {
-      if (this.health.state === "down") this.ctx.log.info("docker engine reachable again");
-      this.health = { state: "up", since: Date.now() };
+    const now = Date.now();
+    this.ctx.observer?.engineSeen(true);
+    this.lastProbeAt = now;
+    if (this.health.state === "down") {
+      this.ctx.log.info("docker engine reachable again");
+      this.outage = { from: this.lastUpAt, to: now };
     }
+    if (this.health.state !== "up") this.health = { state: "up", since: now };
+    this.lastUpAt = now;
   }
 
   private markDown(error: Error): void {
+    this.ctx.observer?.engineSeen(false);
     this.lastProbeAt = Date.now();
     if (this.health.state !== "down") {
       this.ctx.log.error({ err: error }, "docker engine unreachable; tasks keep their status");
@@ -165,7 +174,17 @@ export class Reconciler {
         const lines = await docker
           .containerLogTail(details.id, LAST_LOG_LINES, this.ctx.shutdown)
           .catch(() => []);
+        const finishedAt = Date.parse(details.finishedAt);
+        // A container that stopped while the engine was down or restarting was most likely
+        // stopped by the engine (no live-restore), not by its workload: say so.
+        const duringOutage =
+          this.outage !== undefined && finishedAt >= this.outage.from - 1_000 && finishedAt <= this.outage.to;
         const notes = [
+          ...(duringOutage
+            ? [
+                `the docker engine was down or restarting when the container stopped (exit code ${details.exitCode})`,
+              ]
+            : []),
           ...(task.acrossReboot
             ? [`the host rebooted while the task was running (exit code ${details.exitCode})`]
             : []),
@@ -211,6 +230,7 @@ export class Reconciler {
       d.exitCode = exitCode;
     });
     this.stats.finalized++;
+    this.ctx.observer?.taskFinalized(reason);
     this.ctx.log.info({ taskId: task.id, reason, exitCode }, "task finished");
     await this.runner.release(task.id);
   }

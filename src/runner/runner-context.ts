@@ -22,6 +22,17 @@ export interface RunnerContext {
   readonly log: Logger;
   /** Aborted when the shim shuts down: long operations (pulls) end through it. */
   readonly shutdown: AbortSignal;
+  /** Receives lifecycle facts for metrics; optional. */
+  readonly observer?: RunnerObserver;
+}
+
+/** Lifecycle facts the engine reports (to metrics), kept free of any metrics library. */
+export interface RunnerObserver {
+  taskStarted(): void;
+  taskFinalized(reason: string): void;
+  tickDone(seconds: number): void;
+  engineSeen(up: boolean): void;
+  pulledBytes(bytes: number): void;
 }
 
 /** Lines of container log kept as the termination message of a failed task. */

@@ -182,6 +182,7 @@ export class TaskRunner {
         const reason = error instanceof StartStepError ? error.reason : "executor_error";
         const message = (error as Error).message;
         log.warn({ taskId: id, reason, err: error }, "task failed to start");
+        if (store.get(id)?.status !== "terminated") this.ctx.observer?.taskFinalized(reason);
         await this.commit(id, (d) => {
           d.status = "terminated";
           d.terminationReason = reason;
@@ -310,7 +311,9 @@ export class TaskRunner {
           }
         },
       });
-      if (store.get(id)) store.modify(id, (d) => (d.pullProgress = tracker.progress()));
+      const pulled = tracker.progress();
+      if (store.get(id)) store.modify(id, (d) => (d.pullProgress = pulled));
+      if (pulled) this.ctx.observer?.pulledBytes(pulled.downloaded_bytes);
       log.info({ taskId: id, image: pullRef }, "image pulled");
     } catch (cause) {
       if (this.ctx.shutdown.aborted) throw new StartAbandoned("shim shutting down during pull");
@@ -394,6 +397,7 @@ export class TaskRunner {
         d.startInFlight = false;
         d.status = "running";
       });
+      this.ctx.observer?.taskStarted();
       log.info({ taskId: id, containerId }, "task running");
     });
   }
@@ -478,6 +482,7 @@ export class TaskRunner {
       });
       if (before.status !== "terminated") {
         log.info({ taskId: id, reason, from: before.status }, "task terminated");
+        this.ctx.observer?.taskFinalized(reason);
       }
       await failpoint("after-terminate-intent");
       this.pulls.get(id)?.abort(new Error(`terminated: ${reason}`));

@@ -1,0 +1,92 @@
+import { collectDefaultMetrics, Counter, Gauge, Histogram, Registry } from "prom-client";
+import type { RunnerObserver } from "../runner/runner-context.js";
+import type { TaskStore } from "../tasks/task-store.js";
+import { TASK_STATUSES } from "../tasks/task-status.js";
+
+/**
+ * The shim's Prometheus metrics. Labels stay bounded — status, reason, operation, result —
+ * never a task id.
+ */
+export class ShimMetrics {
+  readonly registry = new Registry();
+  readonly engineCalls = new Counter({
+    name: "taskshim_engine_calls_total",
+    help: "Docker Engine API calls by operation and result",
+    labelNames: ["op", "result"] as const,
+    registers: [this.registry],
+  });
+  readonly tasksStarted = new Counter({
+    name: "taskshim_tasks_started_total",
+    help: "Tasks whose container was started",
+    registers: [this.registry],
+  });
+  readonly tasksFinalized = new Counter({
+    name: "taskshim_tasks_finalized_total",
+    help: "Tasks that reached terminated, by termination reason",
+    labelNames: ["reason"] as const,
+    registers: [this.registry],
+  });
+  readonly reconcileTick = new Histogram({
+    name: "taskshim_reconcile_tick_seconds",
+    help: "Duration of one reconcile tick",
+    buckets: [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10],
+    registers: [this.registry],
+  });
+  readonly pullBytes = new Counter({
+    name: "taskshim_pull_bytes_total",
+    help: "Image bytes downloaded by pulls",
+    registers: [this.registry],
+  });
+  readonly restoredTasks = new Gauge({
+    name: "taskshim_restored_tasks",
+    help: "Tasks restored from containers and state files at the last start",
+    registers: [this.registry],
+  });
+  readonly starts = new Counter({
+    name: "taskshim_process_starts_total",
+    help: "Starts of this shim process (1 per process; sum over restarts in your TSDB)",
+    registers: [this.registry],
+  });
+  readonly quarantined = new Gauge({
+    name: "taskshim_quarantined_state_files",
+    help: "State files set aside at the last start (corrupt, or of a newer format)",
+    labelNames: ["kind"] as const,
+    registers: [this.registry],
+  });
+  readonly engineUp = new Gauge({
+    name: "taskshim_engine_up",
+    help: "1 when the Docker Engine answered the last reconcile tick",
+    registers: [this.registry],
+  });
+
+  constructor(store?: TaskStore) {
+    collectDefaultMetrics({ register: this.registry, prefix: "taskshim_" });
+    if (store) {
+      new Gauge({
+        name: "taskshim_tasks",
+        help: "Tasks by status",
+        labelNames: ["status"] as const,
+        registers: [this.registry],
+        collect() {
+          const counts = new Map<string, number>(TASK_STATUSES.map((s) => [s, 0]));
+          for (const task of store.list()) counts.set(task.status, (counts.get(task.status) ?? 0) + 1);
+          for (const [status, count] of counts) this.set({ status }, count);
+        },
+      });
+    }
+  }
+
+  /** The lifecycle engine's facts, turned into metrics. */
+  readonly observer: RunnerObserver = {
+    taskStarted: () => this.tasksStarted.inc(),
+    taskFinalized: (reason) => this.tasksFinalized.inc({ reason }),
+    tickDone: (seconds) => this.reconcileTick.observe(seconds),
+    engineSeen: (up) => this.engineUp.set(up ? 1 : 0),
+    pulledBytes: (bytes) => this.pullBytes.inc(bytes),
+  };
+
+  /** A counter hook for the Docker adapter. */
+  readonly countEngineCall = (op: string, result: "ok" | "error"): void => {
+    this.engineCalls.inc({ op, result });
+  };
+}

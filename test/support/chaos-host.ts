@@ -1,0 +1,180 @@
+import { execFile, execFileSync } from "node:child_process";
+import { createHash, randomBytes } from "node:crypto";
+import { mkdir, readFile, rm, symlink, writeFile } from "node:fs/promises";
+import { join } from "node:path";
+import { promisify } from "node:util";
+import { hasStatusCode, testDocker } from "./docker.js";
+import { tempHome } from "./shim-process.js";
+
+/*
+ * The host the chaos suite stands in for: two AMD-style GPUs (harmless 1:3 character devices,
+ * as in gpu.test.ts), GCP-style network disks (loop devices behind `google-<name>` links), a
+ * fixed boot id, and ed25519-shaped host keys. Everything lives under one temp dir that
+ * `teardown()` removes, together with the loop devices, mounts and `cx-` containers.
+ */
+
+const execFileAsync = promisify(execFile);
+
+/** Prefix of every container, task id and task name the chaos suite creates. */
+export const CHAOS_PREFIX = "cx-";
+/** The shim's label on task containers, and its task id label. */
+export const LABEL_IS_TASK = "ai.dstack.shim.is-task";
+export const LABEL_TASK_ID = "ai.dstack.shim.task-id";
+/** Appended to every authorized_keys entry the shim writes. */
+export const KEY_MARKER = "# added by dstack-shim";
+
+/** The render nodes of the fixture, as the shim names them (its GPU resource ids). */
+export const FIXTURE_GPUS = ["/dev/dri/renderD128", "/dev/dri/renderD129"] as const;
+
+/** A GCP-style volume backed by a loop device. */
+export interface LoopVolume {
+  readonly index: number;
+  readonly device: string;
+  readonly backingFile: string;
+  /** The GCP device name: the shim resolves `<by-id>/google-<deviceName>`. */
+  readonly deviceName: string;
+}
+
+/** One task-config volume entry for a pool volume (`init_fs: true`). */
+export function volumeConfig(volume: LoopVolume): Record<string, unknown> {
+  return {
+    backend: "gcp",
+    name: `cx-vol${volume.index}`,
+    volume_id: `vol-cx${volume.index}`,
+    init_fs: true,
+    device_name: volume.deviceName,
+  };
+}
+
+/** The container name dstack-shim derives for a task (`<name>-<8 hex of sha256(name/id)>`). */
+export function containerNameFor(name: string, id: string): string {
+  return `${name}-${createHash("sha256").update(`${name}/${id}`).digest("hex").slice(0, 8)}`;
+}
+
+/** An ed25519-shaped public key line (`ssh-ed25519 <base64> <comment>`) the shim accepts. */
+export function makeHostKey(comment: string): string {
+  const field = (data: Buffer): Buffer => {
+    const length = Buffer.alloc(4);
+    length.writeUInt32BE(data.length);
+    return Buffer.concat([length, data]);
+  };
+  const blob = Buffer.concat([field(Buffer.from("ssh-ed25519")), field(randomBytes(32))]);
+  return `ssh-ed25519 ${blob.toString("base64")} ${comment}`;
+}
+
+/** The base64 field of a key line (what identifies the key). */
+export function keyBlob(line: string): string {
+  return line.trim().split(/\s+/)[1] ?? "";
+}
+
+/** Mount points under `root` as /proc/mounts lists them (a stacked mount appears twice). */
+export async function mountsUnder(root: string): Promise<string[]> {
+  const text = await readFile("/proc/mounts", "utf8");
+  const decode = (s: string): string =>
+    s.replace(/\\([0-7]{3})/g, (_, o: string) => String.fromCharCode(parseInt(o, 8)));
+  return text
+    .split("\n")
+    .map((line) => decode(line.split(" ")[1] ?? ""))
+    .filter((point) => point === root || point.startsWith(`${root}/`));
+}
+
+/** The suite-wide host fixture. */
+export class ChaosHost {
+  /** Distinguishes this run's containers from any other run's (`cx-<nonce>-…`). */
+  readonly nonce = randomBytes(2).toString("hex");
+  root = "";
+  gpuFixture = "";
+  byIdDir = "";
+  bootIdFile = "";
+  readonly volumes: LoopVolume[] = [];
+
+  /** Creates the fixture with `volumeCount` pre-formatted loop volumes. */
+  async setup(volumeCount: number): Promise<void> {
+    await removeChaosContainers();
+    await detachStaleLoops();
+    this.root = await tempHome("taskshim-chaos-");
+    for (const node of ["kfd", "renderD128", "renderD129"])
+      execFileSync("mknod", [join(this.root, node), "c", "1", "3"]);
+    this.gpuFixture = join(this.root, "gpus.json");
+    await writeFile(
+      this.gpuFixture,
+      JSON.stringify({
+        vendor: "amd",
+        driver_version: "6.8.5",
+        kfd_path: join(this.root, "kfd"),
+        gpus: [
+          { name: "MI300X", vram_mib: 196608, render_node: join(this.root, "renderD128") },
+          { name: "MI300X", vram_mib: 196608, render_node: join(this.root, "renderD129") },
+        ],
+      }),
+    );
+    this.bootIdFile = join(this.root, "boot_id");
+    await writeFile(this.bootIdFile, `cx-boot-${this.nonce}\n`);
+    this.byIdDir = join(this.root, "by-id");
+    await mkdir(this.byIdDir);
+    for (let index = 0; index < volumeCount; index++) {
+      const backingFile = join(this.root, `disk${index}.img`);
+      await execFileAsync("truncate", ["-s", "16M", backingFile]);
+      const { stdout } = await execFileAsync("losetup", ["-f", "--show", backingFile]);
+      const device = stdout.trim();
+      const volume: LoopVolume = { index, device, backingFile, deviceName: `cxd${this.nonce}${index}` };
+      this.volumes.push(volume);
+      // Pre-formatted: a blank disk costs the shim three 1 s re-probes before mkfs, and the
+      // chaos rows are about mounts and releases, not about formatting.
+      await execFileAsync("mkfs.ext4", ["-q", "-F", device]);
+      await symlink(device, join(this.byIdDir, `google-${volume.deviceName}`));
+    }
+  }
+
+  /** The volume of pool slot `index`. */
+  volume(index: number): LoopVolume {
+    const volume = this.volumes[index];
+    if (!volume) throw new Error(`no chaos volume ${index}`);
+    return volume;
+  }
+
+  /** Removes containers, mounts, loop devices and the temp dir this run created. */
+  async teardown(): Promise<void> {
+    await removeChaosContainers();
+    if (this.root === "") return;
+    for (const point of (await mountsUnder(this.root)).reverse()) {
+      await execFileAsync("umount", ["-l", point]).catch(() => undefined);
+    }
+    for (const volume of this.volumes) {
+      await execFileAsync("losetup", ["-d", volume.device]).catch(() => undefined);
+    }
+    await rm(this.root, { recursive: true, force: true });
+  }
+}
+
+/** Force-removes every container named `cx-…` that carries the shim's task label or ours. */
+export async function removeChaosContainers(): Promise<void> {
+  const docker = testDocker();
+  const [tasks, strays] = await Promise.all([
+    docker.listContainers({ all: true, filters: { label: [`${LABEL_IS_TASK}`] } }),
+    docker.listContainers({ all: true, filters: { label: ["taskshim.chaos=1"] } }),
+  ]);
+  const ids = new Set(
+    [...tasks, ...strays]
+      .filter((c) => (c.Names ?? []).some((n) => n.replace(/^\//, "").startsWith(CHAOS_PREFIX)))
+      .map((c) => c.Id),
+  );
+  await Promise.all(
+    [...ids].map(async (id) => {
+      try {
+        await docker.getContainer(id).remove({ force: true, v: true });
+      } catch (error) {
+        if (!hasStatusCode(error, 404) && !hasStatusCode(error, 409)) throw error;
+      }
+    }),
+  );
+}
+
+/** Detaches loop devices left by an earlier, aborted chaos run (backed by our temp files). */
+async function detachStaleLoops(): Promise<void> {
+  const { stdout } = await execFileAsync("losetup", ["-a"]).catch(() => ({ stdout: "" }));
+  for (const line of stdout.split("\n")) {
+    const match = /^(\/dev\/loop\d+):.*\((\/\S*taskshim-chaos-[^)]*)\)/.exec(line);
+    if (match?.[1]) await execFileAsync("losetup", ["-d", match[1]]).catch(() => undefined);
+  }
+}

@@ -1,0 +1,900 @@
+import { chown, mkdir, readdir, readFile, stat, writeFile } from "node:fs/promises";
+import { join } from "node:path";
+import { setTimeout as sleep } from "node:timers/promises";
+import { expect } from "vitest";
+import {
+  CHAOS_PREFIX,
+  type ChaosHost,
+  containerNameFor,
+  FIXTURE_GPUS,
+  KEY_MARKER,
+  keyBlob,
+  LABEL_IS_TASK,
+  LABEL_TASK_ID,
+  type LoopVolume,
+  makeHostKey,
+  mountsUnder,
+  volumeConfig,
+} from "./chaos-host.js";
+import { testDocker } from "./docker.js";
+import { ShimProcess, type Answer, type TaskInfo } from "./shim-process.js";
+
+/*
+ * One chaos scenario: a shim home with its own host user (authorized_keys with hand-written
+ * lines), its own volume mount root, a tracker that watches every answer the shim gives, and
+ * the oracle of restart-anchors §9.1 (I1, I2, I3 as set equalities, I5/I8, I6).
+ */
+
+/** The counters of the summary line; `other` holds violations the line has no column for. */
+export type Category =
+  | "lost"
+  | "wrong_exit"
+  | "leaked_gpus"
+  | "leaked_keys"
+  | "leaked_mounts"
+  | "leaked_dirs"
+  | "leaked_containers"
+  | "restarted_containers"
+  | "other";
+
+const SUMMARY_COLUMNS = [
+  "lost",
+  "wrong_exit",
+  "leaked_gpus",
+  "leaked_keys",
+  "leaked_mounts",
+  "leaked_dirs",
+  "leaked_containers",
+  "restarted_containers",
+] as const;
+
+/** Suite-wide counters behind the summary line. */
+export class ChaosStats {
+  scenarios = 0;
+  kills = 0;
+  tasks = 0;
+  readonly counts: Record<Category, number> = {
+    lost: 0,
+    wrong_exit: 0,
+    leaked_gpus: 0,
+    leaked_keys: 0,
+    leaked_mounts: 0,
+    leaked_dirs: 0,
+    leaked_containers: 0,
+    restarted_containers: 0,
+    other: 0,
+  };
+
+  /** The one summary line. */
+  summary(): string {
+    const columns = SUMMARY_COLUMNS.map((c) => `${c}=${this.counts[c]}`).join(" ");
+    return `chaos: scenarios=${this.scenarios} kills=${this.kills} tasks=${this.tasks} ${columns}`;
+  }
+
+  /** Sum of every violation counter (summary columns and `other`). */
+  violations(): number {
+    return Object.values(this.counts).reduce((a, b) => a + b, 0);
+  }
+}
+
+/** The termination reasons a dstack server accepts (`JobTerminationReason`, lower case). */
+const VALID_REASONS: ReadonlySet<string> = new Set([
+  "executor_error",
+  "creating_container_error",
+  "container_exited_with_error",
+  "done_by_runner",
+  "terminated_by_user",
+  "terminated_by_server",
+  "max_duration_exceeded",
+  "log_quota_exceeded",
+  "failed_to_start_due_to_no_capacity",
+  "interrupted_by_no_capacity",
+  "instance_unreachable",
+  "waiting_instance_limit_exceeded",
+  "waiting_runner_limit_exceeded",
+  "ports_binding_failed",
+  "aborted_by_user",
+  "scaled_down",
+  "inactivity_duration_exceeded",
+  "terminated_due_to_utilization_policy",
+  "gateway_error",
+  "instance_access_revoked",
+  "volume_error",
+]);
+
+const STATUS_RANK: Readonly<Record<string, number>> = {
+  pending: 0,
+  preparing: 1,
+  pulling: 2,
+  creating: 3,
+  running: 4,
+  terminated: 5,
+};
+const PRE_CONTAINER = new Set(["pending", "preparing", "pulling", "creating"]);
+const NEVER_STARTED = "0001-01-01T00:00:00Z";
+
+/** A submit body the suite sends (a dstack-shim TaskConfig plus taskshim's `command`). */
+export interface ChaosTaskConfig {
+  readonly id: string;
+  readonly name: string;
+  readonly image_name: string;
+  readonly command?: readonly string[];
+  readonly gpu?: number;
+  readonly memory?: number;
+  readonly host_ssh_user?: string;
+  readonly host_ssh_keys?: readonly string[];
+  readonly volumes?: readonly Record<string, unknown>[];
+  readonly registry_username?: string;
+  readonly registry_password?: string;
+}
+
+/** What the tracker knows about one task. */
+export interface TrackedTask {
+  readonly config: ChaosTaskConfig;
+  readonly containerName: string;
+  /** A submit was answered 200, or the shim listed the task. */
+  answered: boolean;
+  removed: "no" | "yes" | "maybe";
+  terminateRequested: boolean;
+  /** Its task.json was quarantined: the shim cannot know its keys or volumes. */
+  degraded: boolean;
+  maxRank: number;
+  terminal?: { readonly reason: string; readonly message: string };
+  containerId?: string;
+  /** Seen terminated with an exit-based reason while its container still told the same. */
+  exitConfirmed: boolean;
+}
+
+/** A scenario container as Docker reports it. */
+export interface ChaosContainer {
+  readonly id: string;
+  readonly name: string;
+  readonly taskId: string;
+  readonly state: string;
+  readonly exitCode: number;
+  readonly oomKilled: boolean;
+  readonly startedAt: string;
+  readonly restartCount: number;
+  readonly gpuDevices: readonly string[];
+}
+
+/** The parsed task.json (the fields the oracle reads). */
+export interface ChaosTaskState {
+  readonly status?: string;
+  readonly termination_reason: string;
+  readonly termination_message: string;
+  readonly cleaned_up: boolean;
+  readonly exit_code?: number | null;
+  readonly [key: string]: unknown;
+}
+
+/** Options of a task built by {@link Scenario.task}. */
+export interface TaskOptions {
+  /** The argv; default: wait for `/tmp/runner/go`, print five lines and exit with `exit`. */
+  readonly command?: readonly string[];
+  readonly exit?: number;
+  readonly gpu?: number;
+  readonly keys?: readonly string[];
+  readonly volumes?: readonly LoopVolume[];
+  readonly memory?: number;
+  readonly image?: string;
+  readonly registry?: { readonly username: string; readonly password: string };
+}
+
+/** The hand-written authorized_keys every scenario user starts with (no final newline). */
+const HAND_WRITTEN = [
+  "# keys of the admin, kept by hand",
+  `from="10.0.0.0/8" ${makeHostKey("admin@bastion")}`,
+  makeHostKey("ops laptop"),
+];
+const HOST_UID = 4242;
+
+/** The default workload: waits for `<task dir>/runner/go`, ticks while waiting, then exits. */
+export function waitCommand(exit: number, before = ""): string[] {
+  return [
+    "sh",
+    "-c",
+    "echo start; i=0; while [ ! -e /tmp/runner/go ]; do i=$((i+1)); " +
+      'if [ $((i % 10)) -eq 0 ]; then echo "tick $i"; fi; sleep 0.05; done; ' +
+      `${before}echo l1; echo l2; echo l3; echo l4; echo bye; exit ${exit}`,
+  ];
+}
+
+/** The last five lines the default workload prints. */
+export const WAIT_TASK_TAIL = "l1\nl2\nl3\nl4\nbye";
+
+export class Scenario {
+  readonly prefix: string;
+  readonly dir: string;
+  readonly home: string;
+  readonly userHome: string;
+  readonly keysFile: string;
+  readonly passwdFile: string;
+  readonly mountRoot: string;
+  readonly user = "cxuser";
+  readonly tracked = new Map<string, TrackedTask>();
+  /** Container names of labelled containers made by hand (W3): not leaks. */
+  readonly strays = new Set<string>();
+  /** Containers the test itself restarted (W2). */
+  readonly externallyRestarted = new Set<string>();
+  readonly violations: string[] = [];
+  shim: ShimProcess | undefined;
+  private readonly startedAt = new Map<string, string>();
+  private readonly processes: ShimProcess[] = [];
+  private seq = 0;
+
+  private constructor(
+    readonly host: ChaosHost,
+    readonly stats: ChaosStats,
+    readonly tag: string,
+    readonly image: string,
+  ) {
+    this.prefix = `${CHAOS_PREFIX}${host.nonce}-${tag}-`;
+    this.dir = join(host.root, tag);
+    this.home = join(this.dir, "home");
+    this.userHome = join(this.dir, "user");
+    this.keysFile = join(this.userHome, ".ssh", "authorized_keys");
+    this.passwdFile = join(this.dir, "passwd");
+    this.mountRoot = join(this.dir, "mnt");
+  }
+
+  /** A scenario dir with its user (passwd entry, ~/.ssh/authorized_keys with hand-written lines). */
+  static async create(host: ChaosHost, stats: ChaosStats, tag: string, image: string): Promise<Scenario> {
+    const s = new Scenario(host, stats, tag, image);
+    await mkdir(join(s.userHome, ".ssh"), { recursive: true, mode: 0o700 });
+    await mkdir(s.mountRoot, { recursive: true });
+    await writeFile(s.passwdFile, `root:x:0:0:root:/root:/bin/sh\n${s.user}:x:${HOST_UID}:${HOST_UID}::${s.userHome}:/bin/sh\n`);
+    await writeFile(s.keysFile, HAND_WRITTEN.join("\n"), { mode: 0o600 });
+    await chown(s.keysFile, HOST_UID, HOST_UID);
+    return s;
+  }
+
+  // ---------------------------------------------------------------- shim lifecycle
+
+  /** Starts a shim on the scenario home (failpoints armed if given) and waits for health. */
+  async start(failpoints = ""): Promise<ShimProcess> {
+    if (this.alive()) throw new Error(`${this.tag}: a shim is already running`);
+    const shim = await ShimProcess.start({
+      home: this.home,
+      args: [
+        "--gpu-fixture",
+        this.host.gpuFixture,
+        "--volume-mount-root",
+        this.mountRoot,
+        // No binary to version-check: saves a child process per start.
+        "--shim-binary-path",
+        join(this.dir, "no-shim-binary"),
+      ],
+      env: {
+        TASKSHIM_FAILPOINTS: failpoints,
+        TASKSHIM_PASSWD_FILE: this.passwdFile,
+        TASKSHIM_DISK_BY_ID_DIR: this.host.byIdDir,
+        TASKSHIM_BOOT_ID_FILE: this.host.bootIdFile,
+      },
+    });
+    this.shim = shim;
+    this.processes.push(shim);
+    return shim;
+  }
+
+  /** Whether the current shim process is still alive. */
+  alive(): boolean {
+    const child = this.shim?.child;
+    return child !== undefined && child.exitCode === null && child.signalCode === null;
+  }
+
+  /** The running shim (throws when there is none). */
+  get api(): ShimProcess {
+    if (!this.shim) throw new Error(`${this.tag}: no shim`);
+    return this.shim;
+  }
+
+  /** SIGKILL, counted. */
+  async kill(): Promise<void> {
+    if (!this.alive()) return;
+    await this.api.kill();
+    this.stats.kills += 1;
+  }
+
+  /** Waits for the shim to SIGKILL itself at an armed failpoint; counted. */
+  async died(timeoutMs = 20_000): Promise<void> {
+    await this.api.waitExit(timeoutMs);
+    expect(this.api.child.signalCode, `${this.tag}: the shim should have been SIGKILLed`).toBe("SIGKILL");
+    this.stats.kills += 1;
+  }
+
+  /**
+   * Starts the shim again without failpoints and checks, from the very first answers, that no
+   * answered task was lost and no terminal status changed (the tracker's I5/I6 checks).
+   */
+  async restart(failpoints = ""): Promise<ShimProcess> {
+    const shim = await this.start(failpoints);
+    const infos = await this.list();
+    const seen = new Set(infos.map((i) => i.id));
+    for (const t of this.tracked.values()) {
+      if (t.answered && t.removed === "no" && !seen.has(t.config.id)) {
+        this.violation("lost", `${t.config.id}: answered with 200 but missing after the restart`);
+      }
+    }
+    return shim;
+  }
+
+  /** Kills every shim process this scenario started (afterAll). */
+  async stopAll(): Promise<void> {
+    for (const p of this.processes) {
+      if (p.child.exitCode === null && p.child.signalCode === null) await p.kill().catch(() => undefined);
+    }
+  }
+
+  // ---------------------------------------------------------------- tasks
+
+  /** A task config with a fresh `cx-` id and name; not submitted. */
+  task(options: TaskOptions = {}): ChaosTaskConfig {
+    this.seq += 1;
+    const id = `${this.prefix}${this.seq}`;
+    const keys = options.keys ?? [];
+    const volumes = options.volumes ?? [];
+    return {
+      id,
+      name: id,
+      image_name: options.image ?? this.image,
+      command: options.command ?? waitCommand(options.exit ?? 0),
+      ...(options.gpu !== undefined ? { gpu: options.gpu } : {}),
+      ...(options.memory !== undefined ? { memory: options.memory } : {}),
+      ...(keys.length > 0 ? { host_ssh_user: this.user, host_ssh_keys: keys } : {}),
+      ...(volumes.length > 0 ? { volumes: volumes.map(volumeConfig) } : {}),
+      ...(options.registry
+        ? { registry_username: options.registry.username, registry_password: options.registry.password }
+        : {}),
+    };
+  }
+
+  /** Starts tracking a config (before it is sent, so an unanswered submit is known). */
+  track(config: ChaosTaskConfig): TrackedTask {
+    const existing = this.tracked.get(config.id);
+    if (existing) return existing;
+    const t: TrackedTask = {
+      config,
+      containerName: containerNameFor(config.name, config.id),
+      answered: false,
+      removed: "no",
+      terminateRequested: false,
+      degraded: false,
+      maxRank: -1,
+      exitConfirmed: false,
+    };
+    this.tracked.set(config.id, t);
+    this.stats.tasks += 1;
+    return t;
+  }
+
+  /** The tracked task (throws when unknown). */
+  tracked_(id: string): TrackedTask {
+    const t = this.tracked.get(id);
+    if (!t) throw new Error(`${this.tag}: untracked task ${id}`);
+    return t;
+  }
+
+  /** Submits and expects 200. */
+  async submit(config: ChaosTaskConfig): Promise<TaskInfo> {
+    const t = this.track(config);
+    const info = await this.api.submit({ ...config });
+    t.answered = true;
+    this.observe(info);
+    return info;
+  }
+
+  /** Submits; resolves to the answer, or undefined when the shim died before answering. */
+  async trySubmit(config: ChaosTaskConfig): Promise<Answer<TaskInfo> | undefined> {
+    const t = this.track(config);
+    try {
+      const answer = await this.api.request<TaskInfo>("POST", "/api/tasks", { ...config });
+      if (answer.status === 200) {
+        t.answered = true;
+        this.observe(answer.json);
+      }
+      return answer;
+    } catch {
+      return undefined;
+    }
+  }
+
+  /** Lets a default workload finish: creates `<task dir>/runner/go` from the host. */
+  async go(id: string): Promise<void> {
+    const t = this.tracked_(id);
+    const runner = join(this.home, "runners", t.containerName, "runner");
+    await writeFile(join(runner, "go"), "");
+  }
+
+  /** GET one task (observed), or undefined on 404. */
+  async get(id: string): Promise<TaskInfo | undefined> {
+    const answer = await this.api.request<TaskInfo>("GET", `/api/tasks/${id}`);
+    if (answer.status === 404) return undefined;
+    if (answer.status !== 200) throw new Error(`get ${id}: ${answer.status} ${answer.text}`);
+    this.observe(answer.json);
+    return answer.json;
+  }
+
+  /** GET one task that must exist. */
+  async must(id: string): Promise<TaskInfo> {
+    const info = await this.get(id);
+    if (!info) throw new Error(`${this.tag}: task ${id} not found`);
+    return info;
+  }
+
+  /** Polls a task until `predicate` holds. */
+  async waitFor(id: string, predicate: (t: TaskInfo) => boolean, timeoutMs = 20_000): Promise<TaskInfo> {
+    const deadline = Date.now() + timeoutMs;
+    let last: TaskInfo | undefined;
+    while (Date.now() < deadline) {
+      last = await this.get(id);
+      if (last && predicate(last)) return last;
+      await sleep(25);
+    }
+    throw new Error(`${this.tag}: task ${id} did not reach the expected state; last ${JSON.stringify(last)}`);
+  }
+
+  waitRunning(id: string, timeoutMs?: number): Promise<TaskInfo> {
+    return this.waitFor(id, (t) => t.status === "running", timeoutMs);
+  }
+
+  waitTerminated(id: string, timeoutMs?: number): Promise<TaskInfo> {
+    return this.waitFor(id, (t) => t.status === "terminated", timeoutMs);
+  }
+
+  /** Every task the shim lists, each fetched and observed. */
+  async list(): Promise<TaskInfo[]> {
+    const answer = await this.api.request<{ tasks: { id: string }[] }>("GET", "/api/tasks");
+    if (answer.status !== 200) throw new Error(`list: ${answer.status} ${answer.text}`);
+    const infos: TaskInfo[] = [];
+    for (const { id } of answer.json.tasks) {
+      const info = await this.get(id);
+      if (info) infos.push(info);
+    }
+    return infos;
+  }
+
+  /** POST terminate (recorded before it is sent); undefined when the shim died first. */
+  async terminate(
+    id: string,
+    reason = "terminated_by_user",
+    message = "",
+    timeout = 0,
+  ): Promise<Answer<TaskInfo> | undefined> {
+    this.tracked_(id).terminateRequested = true;
+    try {
+      const answer = await this.api.terminate(id, reason, message, timeout);
+      if (answer.status === 200) this.observe(answer.json);
+      return answer;
+    } catch {
+      return undefined;
+    }
+  }
+
+  /** POST remove; tracks the outcome. Undefined when the shim died first. */
+  async remove(id: string): Promise<Answer | undefined> {
+    const t = this.tracked_(id);
+    const before = t.removed;
+    t.removed = "maybe";
+    try {
+      const answer = await this.api.remove(id);
+      t.removed = answer.status === 200 ? "yes" : before;
+      return answer;
+    } catch {
+      return undefined;
+    }
+  }
+
+  /** Terminates (if needed) and removes a task, expecting both to succeed. */
+  async finish(id: string): Promise<void> {
+    const info = await this.get(id);
+    if (!info) return;
+    if (info.status !== "terminated") expect((await this.terminate(id))?.status).toBe(200);
+    expect((await this.remove(id))?.status).toBe(200);
+  }
+
+  /** The task's dir under `<home>/runners`. */
+  taskDir(id: string): string {
+    return join(this.home, "runners", this.tracked_(id).containerName);
+  }
+
+  /** task.json of a task, or undefined when missing or unreadable. */
+  async readState(id: string): Promise<ChaosTaskState | undefined> {
+    try {
+      return JSON.parse(await readFile(join(this.taskDir(id), "task.json"), "utf8")) as ChaosTaskState;
+    } catch {
+      return undefined;
+    }
+  }
+
+  /** Waits until task.json says the task's resources were released. */
+  async waitReleased(id: string, timeoutMs = 10_000): Promise<void> {
+    const deadline = Date.now() + timeoutMs;
+    while (Date.now() < deadline) {
+      if ((await this.readState(id))?.cleaned_up === true) return;
+      await sleep(25);
+    }
+    throw new Error(`${this.tag}: task ${id} not released within ${timeoutMs} ms`);
+  }
+
+  // ---------------------------------------------------------------- host views
+
+  /** The scenario's labelled containers (by name prefix), inspected. */
+  async containers(): Promise<ChaosContainer[]> {
+    const docker = testDocker();
+    const listed = await docker.listContainers({ all: true, filters: { label: [LABEL_IS_TASK] } });
+    const ours = listed.filter((c) => (c.Names ?? []).some((n) => n.replace(/^\//, "").startsWith(this.prefix)));
+    const result: ChaosContainer[] = [];
+    for (const c of ours) {
+      let info;
+      try {
+        info = await docker.getContainer(c.Id).inspect();
+      } catch {
+        continue; // removed meanwhile
+      }
+      result.push({
+        id: info.Id,
+        name: info.Name.replace(/^\//, ""),
+        taskId: info.Config.Labels?.[LABEL_TASK_ID] ?? "",
+        state: info.State.Status,
+        exitCode: info.State.ExitCode,
+        oomKilled: info.State.OOMKilled,
+        startedAt: info.State.StartedAt,
+        restartCount: info.RestartCount,
+        gpuDevices: ((info.HostConfig.Devices ?? []) as { PathInContainer?: string }[])
+          .map((d) => d.PathInContainer ?? "")
+          .filter((p) => p.startsWith("/dev/dri/render")),
+      });
+    }
+    this.checkContainers(result);
+    return result;
+  }
+
+  /** The containers of one task. */
+  async containersOf(id: string): Promise<ChaosContainer[]> {
+    return (await this.containers()).filter((c) => c.taskId === id);
+  }
+
+  /** The marked key blobs (in file order) and the unmarked lines of the user's authorized_keys. */
+  async keyEntries(): Promise<{ marked: string[]; unmarked: string[]; raw: Buffer }> {
+    const raw = await readFile(this.keysFile);
+    const lines = raw.toString("utf8").split("\n");
+    if (lines.at(-1) === "") lines.pop();
+    const isMarked = (line: string): boolean => line.replace(/[ \t\r]+$/, "").endsWith(` ${KEY_MARKER}`);
+    return {
+      marked: lines.filter(isMarked).map(keyBlob),
+      unmarked: lines.filter((l) => !isMarked(l)),
+      raw,
+    };
+  }
+
+  /** The mount point of a pool volume under this scenario's mount root. */
+  mountPoint(volume: LoopVolume): string {
+    return join(this.mountRoot, `cx-vol${volume.index}`);
+  }
+
+  /** Mount points under the scenario's mount root (duplicates = stacked mounts). */
+  mounts(): Promise<string[]> {
+    return mountsUnder(this.mountRoot);
+  }
+
+  /** The I3 checks on keys that need no shim: the file is never empty, hand lines intact. */
+  async checkKeysFile(context: string): Promise<{ marked: string[] }> {
+    const { marked, unmarked, raw } = await this.keyEntries();
+    if (raw.length === 0) this.violation("leaked_keys", `${context}: authorized_keys is empty`);
+    if (JSON.stringify(unmarked) !== JSON.stringify(HAND_WRITTEN)) {
+      this.violation("leaked_keys", `${context}: hand-written lines changed: ${JSON.stringify(unmarked)}`);
+    }
+    const st = await stat(this.keysFile);
+    if ((st.mode & 0o777) !== 0o600 || st.uid !== HOST_UID || st.gid !== HOST_UID) {
+      this.violation(
+        "other",
+        `${context}: authorized_keys mode/owner changed: ${(st.mode & 0o777).toString(8)} ${st.uid}:${st.gid}`,
+      );
+    }
+    const dups = marked.length - new Set(marked).size;
+    if (dups > 0) this.violation("leaked_keys", `${context}: ${dups} duplicated marked key line(s)`);
+    return { marked };
+  }
+
+  /** Stray task-state temp files and the keys temp file (U6, S3). */
+  async tempFiles(): Promise<string[]> {
+    const found: string[] = [];
+    const runners = join(this.home, "runners");
+    for (const name of await readdir(runners).catch(() => [] as string[])) {
+      for (const file of await readdir(join(runners, name)).catch(() => [] as string[])) {
+        if (file.startsWith(".task.json.tmp-")) found.push(join(runners, name, file));
+      }
+    }
+    for (const file of await readdir(join(this.userHome, ".ssh"))) {
+      if (file !== "authorized_keys") found.push(join(this.userHome, ".ssh", file));
+    }
+    return found;
+  }
+
+  // ---------------------------------------------------------------- tracker
+
+  /** Records a violation: counted for the summary, reported by the next oracle. */
+  violation(category: Category, message: string): void {
+    this.stats.counts[category] += 1;
+    this.violations.push(`[${category}] ${message}`);
+  }
+
+  /** Watches one answer: statuses never go back, terminal states never change (I5/I8). */
+  observe(info: TaskInfo): void {
+    const t = this.tracked.get(info.id);
+    if (!t) {
+      if (!this.strays.has(info.container_name)) this.violation("other", `${info.id}: a task nobody submitted`);
+      return;
+    }
+    t.answered = true;
+    const rank = STATUS_RANK[info.status] ?? -1;
+    if (rank < 0) this.violation("other", `${info.id}: unknown status ${info.status}`);
+    // Pre-container statuses may be shown a moment before they are durable; running and
+    // terminated never go back.
+    if (rank < t.maxRank && t.maxRank >= STATUS_RANK.running!) {
+      this.violation("lost", `${info.id}: status went back to ${info.status} (rank ${t.maxRank} seen)`);
+    }
+    t.maxRank = Math.max(t.maxRank, rank);
+    if (t.terminal) {
+      if (info.termination_reason !== t.terminal.reason || info.termination_message !== t.terminal.message) {
+        this.violation(
+          "lost",
+          `${info.id}: terminal state changed from ${JSON.stringify(t.terminal)} to ` +
+            `${JSON.stringify({ reason: info.termination_reason, message: info.termination_message })}`,
+        );
+      }
+    } else if (info.status === "terminated") {
+      t.terminal = { reason: info.termination_reason, message: info.termination_message };
+    }
+    if (info.container_id !== "") {
+      if (t.containerId !== undefined && t.containerId !== info.container_id) {
+        this.violation("restarted_containers", `${info.id}: container recreated (${t.containerId} → ${info.container_id})`);
+      }
+      t.containerId = info.container_id;
+    }
+  }
+
+  /** I6 on every sighting: a container's StartedAt never changes and RestartCount stays 0. */
+  private checkContainers(containers: readonly ChaosContainer[]): void {
+    for (const c of containers) {
+      if (c.restartCount !== 0) this.violation("restarted_containers", `${c.name}: RestartCount ${c.restartCount}`);
+      if (c.startedAt === "" || c.startedAt === NEVER_STARTED) continue;
+      const first = this.startedAt.get(c.id);
+      if (first === undefined || this.externallyRestarted.has(c.id)) {
+        this.startedAt.set(c.id, c.startedAt);
+        this.externallyRestarted.delete(c.id);
+      } else if (first !== c.startedAt) {
+        this.startedAt.set(c.id, c.startedAt);
+        this.violation("restarted_containers", `${c.name}: restarted (StartedAt ${first} → ${c.startedAt})`);
+      }
+    }
+  }
+
+  // ---------------------------------------------------------------- oracle
+
+  /**
+   * The §9.1 oracle, once the shim has served and ticked: waits (bounded) until every task
+   * has settled, then checks I1, I2, I3 (set equalities), I5/I6 (via the tracker), and fails
+   * the calling test with every violation found since the last oracle.
+   */
+  async oracle(options: { probeGpus?: boolean; settleMs?: number } = {}): Promise<void> {
+    this.stats.scenarios += 1;
+    const { infos, containers, states, unsettled } = await this.settle(options.settleMs ?? 10_000);
+    for (const u of unsettled) this.violation("other", `not settled: ${u}`);
+    const view = new Map(infos.map((i) => [i.id, i]));
+
+    this.checkTasksAndContainers(view, containers, states);
+    const live = infos.filter((i) => i.status !== "terminated");
+    this.checkGpus(infos, containers);
+    await this.checkKeys(view);
+    await this.checkMounts(live);
+    await this.checkDirs(view);
+    if (options.probeGpus) await this.probeGpus(live);
+
+    const found = this.violations.splice(0);
+    expect(found, `${this.tag}: oracle violations`).toEqual([]);
+  }
+
+  private async settle(timeoutMs: number): Promise<{
+    infos: TaskInfo[];
+    containers: ChaosContainer[];
+    states: Map<string, ChaosTaskState | undefined>;
+    unsettled: string[];
+  }> {
+    const deadline = Date.now() + timeoutMs;
+    for (;;) {
+      const infos = await this.list();
+      const containers = await this.containers();
+      const states = new Map<string, ChaosTaskState | undefined>();
+      const unsettled: string[] = [];
+      for (const info of infos) {
+        const state = this.tracked.has(info.id) ? await this.readState(info.id) : undefined;
+        states.set(info.id, state);
+        const c = containers.find((x) => x.taskId === info.id);
+        if (PRE_CONTAINER.has(info.status)) unsettled.push(`${info.id} is still ${info.status}`);
+        else if (info.status === "running" && (!c || !["running", "paused", "restarting"].includes(c.state))) {
+          unsettled.push(`${info.id} is running but its container is ${c?.state ?? "missing"}`);
+        } else if (info.status === "terminated") {
+          if (c?.state === "running") unsettled.push(`${info.id} is terminated but its container runs`);
+          if (state && state.cleaned_up !== true) unsettled.push(`${info.id} is terminated but not released`);
+          if ((info.gpus_ids ?? []).length > 0) unsettled.push(`${info.id} is terminated but holds GPUs`);
+        }
+      }
+      if (unsettled.length === 0 || Date.now() > deadline) return { infos, containers, states, unsettled };
+      await sleep(100);
+    }
+  }
+
+  /** I1 and I2. */
+  private checkTasksAndContainers(
+    view: ReadonlyMap<string, TaskInfo>,
+    containers: readonly ChaosContainer[],
+    states: ReadonlyMap<string, ChaosTaskState | undefined>,
+  ): void {
+    for (const t of this.tracked.values()) {
+      if (t.answered && t.removed === "no" && !view.has(t.config.id)) {
+        this.violation("lost", `${t.config.id}: answered but no longer listed`);
+      }
+    }
+    const byTask = new Map<string, ChaosContainer[]>();
+    for (const c of containers) byTask.set(c.taskId, [...(byTask.get(c.taskId) ?? []), c]);
+    for (const [taskId, list] of byTask) {
+      for (const c of list) {
+        if (this.strays.has(c.name) && (taskId === "" || !view.has(taskId))) continue;
+        if (taskId === "") this.violation("leaked_containers", `${c.name}: labelled container without task id`);
+        else if (!view.has(taskId)) this.violation("leaked_containers", `${c.name}: container of no task (${taskId})`);
+      }
+      if (taskId !== "" && list.length > 1) {
+        this.violation("leaked_containers", `${taskId}: ${list.length} containers for one task`);
+      }
+    }
+    for (const info of view.values()) {
+      const t = this.tracked.get(info.id);
+      const c = byTask.get(info.id)?.[0];
+      if (info.status !== "terminated" && info.container_id !== "" && !containers.some((x) => x.id === info.container_id)) {
+        this.violation("lost", `${info.id}: ${info.status} but its container ${info.container_id} is gone`);
+      }
+      if (info.status === "running" && c && info.container_id !== c.id) {
+        this.violation("other", `${info.id}: points at ${info.container_id}, labelled container is ${c.id}`);
+      }
+      if (info.status !== "terminated" || !t) continue;
+      const reason = info.termination_reason;
+      const state = states.get(info.id);
+      if (!VALID_REASONS.has(reason)) this.violation("wrong_exit", `${info.id}: invalid reason ${JSON.stringify(reason)}`);
+      const exitBased = reason === "done_by_runner" || reason === "container_exited_with_error";
+      const exited = c !== undefined && (c.state === "exited" || c.state === "dead");
+      if (exitBased) {
+        if (!c) {
+          if (!t.exitConfirmed && reason === "done_by_runner") {
+            this.violation("wrong_exit", `${info.id}: its container vanished, yet it is reported done_by_runner`);
+          }
+        } else if (!exited) {
+          this.violation("wrong_exit", `${info.id}: ${reason} but its container is ${c.state}`);
+        } else {
+          const expected = c.exitCode === 0 ? "done_by_runner" : "container_exited_with_error";
+          if (reason !== expected && !t.terminateRequested) {
+            this.violation("wrong_exit", `${info.id}: exit code ${c.exitCode} reported as ${reason}`);
+          } else if (reason !== expected) {
+            this.violation("wrong_exit", `${info.id}: exit code ${c.exitCode} reported as ${reason}`);
+          }
+          if (state && state.exit_code !== c.exitCode) {
+            this.violation("wrong_exit", `${info.id}: task.json exit_code ${state.exit_code} but container exited ${c.exitCode}`);
+          }
+          if (reason === expected) t.exitConfirmed = true;
+        }
+      } else if (
+        exited &&
+        !t.terminateRequested &&
+        reason !== "executor_error" &&
+        reason !== "creating_container_error"
+      ) {
+        this.violation("wrong_exit", `${info.id}: exited ${c.exitCode} but reported ${reason}, which nobody asked for`);
+      }
+      if (!c && state?.exit_code === 0 && !t.exitConfirmed) {
+        this.violation("wrong_exit", `${info.id}: container vanished but task.json says exit code 0`);
+      }
+    }
+  }
+
+  /** I3 for GPUs from the shim's and Docker's views. */
+  private checkGpus(infos: readonly TaskInfo[], containers: readonly ChaosContainer[]): void {
+    const held = new Map<string, string>();
+    for (const info of infos) {
+      const ids = info.gpus_ids ?? [];
+      if (info.status === "terminated") {
+        if (ids.length > 0) this.violation("leaked_gpus", `${info.id}: terminated but holds ${ids.join(",")}`);
+        continue;
+      }
+      for (const id of ids) {
+        if (!(FIXTURE_GPUS as readonly string[]).includes(id)) this.violation("leaked_gpus", `${info.id}: unknown GPU ${id}`);
+        const other = held.get(id);
+        if (other !== undefined) this.violation("leaked_gpus", `${id} granted to both ${other} and ${info.id}`);
+        held.set(id, info.id);
+      }
+      const c = containers.find((x) => x.taskId === info.id);
+      if (info.status === "running" && c) {
+        const devices = [...c.gpuDevices].sort().join(",");
+        if (devices !== [...ids].sort().join(",")) {
+          this.violation("leaked_gpus", `${info.id}: container has GPUs [${devices}], the shim says [${ids.join(",")}]`);
+        }
+      }
+    }
+  }
+
+  /** I3 for keys: marked entries = keys of non-released tasks, no duplicates, hand lines intact. */
+  private async checkKeys(view: ReadonlyMap<string, TaskInfo>): Promise<void> {
+    const { marked } = await this.checkKeysFile("oracle");
+    const expected = new Set<string>();
+    const optional = new Set<string>();
+    for (const info of view.values()) {
+      const t = this.tracked.get(info.id);
+      for (const key of t?.config.host_ssh_keys ?? []) {
+        if (info.status !== "terminated") expected.add(keyBlob(key));
+        else if (t?.degraded) optional.add(keyBlob(key));
+      }
+    }
+    const actual = new Set(marked);
+    for (const blob of actual) {
+      if (!expected.has(blob) && !optional.has(blob)) this.violation("leaked_keys", `key ${blob.slice(-12)} of no live task`);
+    }
+    for (const blob of expected) {
+      if (!actual.has(blob)) this.violation("leaked_keys", `key ${blob.slice(-12)} of a live task is missing`);
+    }
+  }
+
+  /** I3 for volumes: mounted = volumes of non-released tasks, each exactly once. */
+  private async checkMounts(live: readonly TaskInfo[]): Promise<void> {
+    const mounted = await this.mounts();
+    const dups = mounted.length - new Set(mounted).size;
+    if (dups > 0) this.violation("leaked_mounts", `${dups} stacked mount(s): ${mounted.join(" ")}`);
+    const expected = new Set<string>();
+    for (const info of live) {
+      for (const v of this.tracked.get(info.id)?.config.volumes ?? []) {
+        expected.add(join(this.mountRoot, String(v.name)));
+      }
+    }
+    for (const point of new Set(mounted)) {
+      if (!expected.has(point)) this.violation("leaked_mounts", `${point} mounted for no live task`);
+    }
+    for (const point of expected) {
+      if (!mounted.includes(point)) this.violation("leaked_mounts", `${point} of a live task is not mounted`);
+    }
+  }
+
+  /** I3 for task dirs: `<home>/runners` holds the dirs of listed tasks (and quarantined files). */
+  private async checkDirs(view: ReadonlyMap<string, TaskInfo>): Promise<void> {
+    const names = new Set([...view.values()].map((i) => i.container_name));
+    const runners = join(this.home, "runners");
+    for (const name of await readdir(runners).catch(() => [] as string[])) {
+      if (names.has(name)) continue;
+      const files = await readdir(join(runners, name)).catch(() => [] as string[]);
+      if (!name.startsWith(".") && files.some((f) => f.startsWith("task.json.quarantined-"))) continue;
+      this.violation("leaked_dirs", `${join("runners", name)} belongs to no task (${files.join(",")})`);
+    }
+  }
+
+  /**
+   * Probes the GPU lock: a `gpu: -1` task takes every free GPU; they must be exactly the GPUs
+   * no live task holds.
+   */
+  private async probeGpus(live: readonly TaskInfo[]): Promise<void> {
+    const held = new Set(live.flatMap((i) => i.gpus_ids ?? []));
+    const expectedFree = FIXTURE_GPUS.filter((g) => !held.has(g));
+    const probe = this.task({ gpu: -1, command: ["sh", "-c", "ls /dev/dri 2>/dev/null; echo end; exit 1"] });
+    await this.submit(probe);
+    const done = await this.waitTerminated(probe.id);
+    const free = done.termination_message
+      .split("\n")
+      .filter((l) => /^renderD\d+$/.test(l))
+      .map((l) => `/dev/dri/${l}`)
+      .sort();
+    for (const g of free) {
+      if (held.has(g)) this.violation("leaked_gpus", `probe was granted ${g}, which a live task holds`);
+    }
+    for (const g of expectedFree) {
+      if (!free.includes(g)) this.violation("leaked_gpus", `${g} is held by no live task but is locked`);
+    }
+    expect((await this.remove(probe.id))?.status).toBe(200);
+  }
+}
