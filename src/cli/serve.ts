@@ -201,7 +201,7 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
     );
 
     const loop = reconciler.run();
-    const events = reconciler.followEvents();
+    const events = config.testing.noEvents ? Promise.resolve() : reconciler.followEvents();
     for (const id of report.resumed) runner.startInBackground(id);
 
     function shutdown(force: boolean): void {
