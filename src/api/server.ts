@@ -95,8 +95,13 @@ export function buildApi(deps: ApiDeps) {
     {
       method: "GET",
       url: "/api/healthcheck",
-      // `engine` is a taskshim extension; dstack's client ignores fields it does not know.
-      handler: () => ({ service: "dstack-shim", version: deps.version, engine: engineView(deps.reconciler) }),
+      // `implementation` and `engine` are taskshim extensions; dstack's client ignores them.
+      handler: () => ({
+        service: "dstack-shim",
+        version: deps.version,
+        implementation: "taskshim",
+        engine: engineView(deps.reconciler),
+      }),
     },
     {
       method: "POST",

@@ -8,8 +8,15 @@ import { writeFileDurably } from "./durable-write.js";
 
 /** The state file's name inside a task dir (the same as dstack-shim's). */
 export const TASK_STATE_FILE = "task.json";
-/** The format version shared with dstack-shim >= 0.21.3; bumped only on incompatible changes. */
-export const TASK_STATE_VERSION = 1;
+// Set by scripts/build.mjs only for test builds that play a future, incompatible format.
+declare const __TASKSHIM_STATE_VERSION__: number | undefined;
+
+/**
+ * The format version shared with dstack-shim >= 0.21.3; bumped only on incompatible changes.
+ * Files of this version or older are read; newer ones are left alone.
+ */
+export const TASK_STATE_VERSION: number =
+  typeof __TASKSHIM_STATE_VERSION__ === "number" ? __TASKSHIM_STATE_VERSION__ : 1;
 
 /**
  * What task.json holds: the intent and the cleanup inputs that Docker cannot tell us. The first
@@ -73,7 +80,10 @@ export function decodeTaskState(text: string): TaskState {
     throw new CorruptTaskStateError("task state is not valid JSON", { cause });
   }
   if (!isRecord(raw)) throw new CorruptTaskStateError("task state is not a JSON object");
-  if (raw.version !== TASK_STATE_VERSION) throw new UnsupportedTaskStateVersionError(raw.version);
+  if (typeof raw.version !== "number" || !Number.isInteger(raw.version) || raw.version < 1) {
+    throw new CorruptTaskStateError(`task state has an invalid version ${JSON.stringify(raw.version)}`);
+  }
+  if (raw.version > TASK_STATE_VERSION) throw new UnsupportedTaskStateVersionError(raw.version);
   if (typeof raw.id !== "string" || raw.id === "") throw new CorruptTaskStateError("task state has no id");
   let config: TaskConfig;
   try {
