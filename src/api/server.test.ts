@@ -96,6 +96,7 @@ describe("GET endpoints", () => {
     expect(res.json()).toEqual({
       service: "dstack-shim",
       version: PACKAGE_VERSION,
+      implementation: "taskshim",
       engine: { status: "unknown" },
     });
   });
