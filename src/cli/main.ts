@@ -2,6 +2,7 @@ import { Command } from "@commander-js/extra-typings";
 import { ConfigError, resolveShimConfig, SERVE_SETTINGS, type ServeFlags } from "../config/shim-config.js";
 import { VERSION } from "../version.js";
 import { startShim } from "./serve.js";
+import { supervise } from "./supervise.js";
 
 /** The path of this shim's own executable: the SEA binary, or the bundle run by node. */
 function ownBinaryPath(): string {
@@ -24,12 +25,31 @@ export function buildCli(): Command {
   const program = new Command("taskshim")
     .description("A dstack-shim compatible host agent that runs tasks as Docker containers")
     .version(`taskshim version ${VERSION}`, "-v, --version", "print the version")
-    .showHelpAfterError();
+    .showHelpAfterError()
+    .enablePositionalOptions();
   const serveCommand = program.command("serve").description("run the shim against the local Docker Engine");
   for (const setting of Object.values(SERVE_SETTINGS)) {
     serveCommand.option(setting.flag, `${setting.help}${setting.help ? " " : ""}[env ${setting.env}]`);
   }
   serveCommand.action(async (options) => serve(options));
+
+  program
+    .command("supervise")
+    .description("keep `taskshim serve` running without systemd: restart at once after a handoff (exit 0), later after a crash")
+    .option("--binary <path>", "the shim binary to run (default: this one); an install replaces it")
+    .option("--crash-delay <ms>", "delay before restarting after a crash", "3000")
+    .option("--handoff-delay <ms>", "delay before restarting after exit 0", "100")
+    .argument("[serve-args...]", "arguments for `serve` (after --)")
+    .passThroughOptions()
+    .action(async (serveArgs, options) => {
+      const code = await supervise({
+        binary: options.binary ?? ownBinaryPath(),
+        serveArgs,
+        crashDelayMs: Number(options.crashDelay),
+        handoffDelayMs: Number(options.handoffDelay),
+      });
+      process.exit(code);
+    });
   return program;
 }
 
