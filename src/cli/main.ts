@@ -1,4 +1,6 @@
+import { readFile } from "node:fs/promises";
 import { Command } from "@commander-js/extra-typings";
+import { formatUpgradeTable, upgradeFleet } from "../control/upgrade.js";
 import { ConfigError, resolveShimConfig, SERVE_SETTINGS, type ServeFlags } from "../config/shim-config.js";
 import { VERSION } from "../version.js";
 import { startShim } from "./serve.js";
@@ -35,7 +37,9 @@ export function buildCli(): Command {
 
   program
     .command("supervise")
-    .description("keep `taskshim serve` running without systemd: restart at once after a handoff (exit 0), later after a crash")
+    .description(
+      "keep `taskshim serve` running without systemd: restart at once after a handoff (exit 0), later after a crash",
+    )
     .option("--binary <path>", "the shim binary to run (default: this one); an install replaces it")
     .option("--crash-delay <ms>", "delay before restarting after a crash", "3000")
     .option("--handoff-delay <ms>", "delay before restarting after exit 0", "100")
@@ -49,6 +53,30 @@ export function buildCli(): Command {
         handoffDelayMs: Number(options.handoffDelay),
       });
       process.exit(code);
+    });
+  program
+    .command("upgrade")
+    .description("roll a new shim binary out to running shims: install, gate, shut down, verify")
+    .option("--shim <url...>", "a shim to upgrade (repeatable)", [] as string[])
+    .option("--shims <file>", "a file with one shim URL per line")
+    .requiredOption("--url <binary-url>", "where the shims download the new binary (http, https or file)")
+    .option("--sha256 <hex>", "expected sha256 of the binary")
+    .option("--concurrency <n>", "shims upgraded at once", "4")
+    .option("--json", "print the results as JSON")
+    .action(async (options) => {
+      const fromFile = options.shims
+        ? (await readFile(options.shims, "utf8"))
+            .split("\n")
+            .map((line) => line.trim())
+            .filter((line) => line !== "" && !line.startsWith("#"))
+        : [];
+      const shims = [...options.shim, ...fromFile];
+      if (shims.length === 0) throw new Error("no shim given (--shim URL or --shims FILE)");
+      const results = await upgradeFleet(shims, options.url, options.sha256, Number(options.concurrency));
+      process.stdout.write(
+        options.json ? `${JSON.stringify(results, null, 2)}\n` : `${formatUpgradeTable(results)}\n`,
+      );
+      process.exit(results.some((r) => r.outcome === "failed") ? 1 : 0);
     });
   return program;
 }

@@ -14,7 +14,9 @@ export interface SuperviseOptions {
 }
 
 function note(message: string, fields: Record<string, unknown> = {}): void {
-  process.stderr.write(`${JSON.stringify({ time: Date.now(), supervisor: true, msg: message, ...fields })}\n`);
+  process.stderr.write(
+    `${JSON.stringify({ time: Date.now(), supervisor: true, msg: message, ...fields })}\n`,
+  );
 }
 
 /**
