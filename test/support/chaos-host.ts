@@ -1,10 +1,10 @@
 import { execFile, execFileSync } from "node:child_process";
 import { createHash, randomBytes } from "node:crypto";
-import { mkdir, readFile, rm, symlink, writeFile } from "node:fs/promises";
+import { copyFile, mkdir, readFile, rm, symlink, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { promisify } from "node:util";
 import { hasStatusCode, testDocker } from "./docker.js";
-import { tempHome } from "./shim-process.js";
+import { SHIM_BUNDLE, tempHome } from "./shim-process.js";
 
 /*
  * The host the chaos suite stands in for: two AMD-style GPUs (harmless 1:3 character devices,
@@ -86,6 +86,8 @@ export class ChaosHost {
   gpuFixture = "";
   byIdDir = "";
   bootIdFile = "";
+  /** A copy of the bundle under test, so a rebuild during the run cannot mix two versions. */
+  bundle = "";
   readonly volumes: LoopVolume[] = [];
 
   /** Creates the fixture with `volumeCount` pre-formatted loop volumes. */
@@ -93,6 +95,8 @@ export class ChaosHost {
     await removeChaosContainers();
     await detachStaleLoops();
     this.root = await tempHome("taskshim-chaos-");
+    this.bundle = join(this.root, "taskshim.cjs");
+    await copyFile(process.env.CHAOS_SHIM_BUNDLE || SHIM_BUNDLE, this.bundle);
     for (const node of ["kfd", "renderD128", "renderD129"])
       execFileSync("mknod", [join(this.root, node), "c", "1", "3"]);
     this.gpuFixture = join(this.root, "gpus.json");

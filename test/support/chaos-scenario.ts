@@ -243,7 +243,10 @@ export class Scenario {
     const s = new Scenario(host, stats, tag, image);
     await mkdir(join(s.userHome, ".ssh"), { recursive: true, mode: 0o700 });
     await mkdir(s.mountRoot, { recursive: true });
-    await writeFile(s.passwdFile, `root:x:0:0:root:/root:/bin/sh\n${s.user}:x:${HOST_UID}:${HOST_UID}::${s.userHome}:/bin/sh\n`);
+    await writeFile(
+      s.passwdFile,
+      `root:x:0:0:root:/root:/bin/sh\n${s.user}:x:${HOST_UID}:${HOST_UID}::${s.userHome}:/bin/sh\n`,
+    );
     await writeFile(s.keysFile, HAND_WRITTEN.join("\n"), { mode: 0o600 });
     await chown(s.keysFile, HOST_UID, HOST_UID);
     return s;
@@ -255,6 +258,7 @@ export class Scenario {
   async start(failpoints = ""): Promise<ShimProcess> {
     if (this.alive()) throw new Error(`${this.tag}: a shim is already running`);
     const shim = await ShimProcess.start({
+      bundle: this.host.bundle,
       home: this.home,
       args: [
         "--gpu-fixture",
@@ -369,7 +373,7 @@ export class Scenario {
   }
 
   /** The tracked task (throws when unknown). */
-  tracked_(id: string): TrackedTask {
+  entry(id: string): TrackedTask {
     const t = this.tracked.get(id);
     if (!t) throw new Error(`${this.tag}: untracked task ${id}`);
     return t;
@@ -401,7 +405,7 @@ export class Scenario {
 
   /** Lets a default workload finish: creates `<task dir>/runner/go` from the host. */
   async go(id: string): Promise<void> {
-    const t = this.tracked_(id);
+    const t = this.entry(id);
     const runner = join(this.home, "runners", t.containerName, "runner");
     await writeFile(join(runner, "go"), "");
   }
@@ -461,7 +465,7 @@ export class Scenario {
     message = "",
     timeout = 0,
   ): Promise<Answer<TaskInfo> | undefined> {
-    this.tracked_(id).terminateRequested = true;
+    this.entry(id).terminateRequested = true;
     try {
       const answer = await this.api.terminate(id, reason, message, timeout);
       if (answer.status === 200) this.observe(answer.json);
@@ -473,7 +477,7 @@ export class Scenario {
 
   /** POST remove; tracks the outcome. Undefined when the shim died first. */
   async remove(id: string): Promise<Answer | undefined> {
-    const t = this.tracked_(id);
+    const t = this.entry(id);
     const before = t.removed;
     t.removed = "maybe";
     try {
@@ -495,7 +499,7 @@ export class Scenario {
 
   /** The task's dir under `<home>/runners`. */
   taskDir(id: string): string {
-    return join(this.home, "runners", this.tracked_(id).containerName);
+    return join(this.home, "runners", this.entry(id).containerName);
   }
 
   /** task.json of a task, or undefined when missing or unreadable. */
@@ -523,7 +527,9 @@ export class Scenario {
   async containers(): Promise<ChaosContainer[]> {
     const docker = testDocker();
     const listed = await docker.listContainers({ all: true, filters: { label: [LABEL_IS_TASK] } });
-    const ours = listed.filter((c) => (c.Names ?? []).some((n) => n.replace(/^\//, "").startsWith(this.prefix)));
+    const ours = listed.filter((c) =>
+      (c.Names ?? []).some((n) => n.replace(/^\//, "").startsWith(this.prefix)),
+    );
     const result: ChaosContainer[] = [];
     for (const c of ours) {
       let info;
@@ -624,7 +630,8 @@ export class Scenario {
   observe(info: TaskInfo): void {
     const t = this.tracked.get(info.id);
     if (!t) {
-      if (!this.strays.has(info.container_name)) this.violation("other", `${info.id}: a task nobody submitted`);
+      if (!this.strays.has(info.container_name))
+        this.violation("other", `${info.id}: a task nobody submitted`);
       return;
     }
     t.answered = true;
@@ -649,7 +656,10 @@ export class Scenario {
     }
     if (info.container_id !== "") {
       if (t.containerId !== undefined && t.containerId !== info.container_id) {
-        this.violation("restarted_containers", `${info.id}: container recreated (${t.containerId} → ${info.container_id})`);
+        this.violation(
+          "restarted_containers",
+          `${info.id}: container recreated (${t.containerId} → ${info.container_id})`,
+        );
       }
       t.containerId = info.container_id;
     }
@@ -658,7 +668,8 @@ export class Scenario {
   /** I6 on every sighting: a container's StartedAt never changes and RestartCount stays 0. */
   private checkContainers(containers: readonly ChaosContainer[]): void {
     for (const c of containers) {
-      if (c.restartCount !== 0) this.violation("restarted_containers", `${c.name}: RestartCount ${c.restartCount}`);
+      if (c.restartCount !== 0)
+        this.violation("restarted_containers", `${c.name}: RestartCount ${c.restartCount}`);
       if (c.startedAt === "" || c.startedAt === NEVER_STARTED) continue;
       const first = this.startedAt.get(c.id);
       if (first === undefined || this.externallyRestarted.has(c.id)) {
@@ -713,7 +724,10 @@ export class Scenario {
         states.set(info.id, state);
         const c = containers.find((x) => x.taskId === info.id);
         if (PRE_CONTAINER.has(info.status)) unsettled.push(`${info.id} is still ${info.status}`);
-        else if (info.status === "running" && (!c || !["running", "paused", "restarting"].includes(c.state))) {
+        else if (
+          info.status === "running" &&
+          (!c || !["running", "paused", "restarting"].includes(c.state))
+        ) {
           unsettled.push(`${info.id} is running but its container is ${c?.state ?? "missing"}`);
         } else if (info.status === "terminated") {
           if (c?.state === "running") unsettled.push(`${info.id} is terminated but its container runs`);
@@ -742,8 +756,10 @@ export class Scenario {
     for (const [taskId, list] of byTask) {
       for (const c of list) {
         if (this.strays.has(c.name) && (taskId === "" || !view.has(taskId))) continue;
-        if (taskId === "") this.violation("leaked_containers", `${c.name}: labelled container without task id`);
-        else if (!view.has(taskId)) this.violation("leaked_containers", `${c.name}: container of no task (${taskId})`);
+        if (taskId === "")
+          this.violation("leaked_containers", `${c.name}: labelled container without task id`);
+        else if (!view.has(taskId))
+          this.violation("leaked_containers", `${c.name}: container of no task (${taskId})`);
       }
       if (taskId !== "" && list.length > 1) {
         this.violation("leaked_containers", `${taskId}: ${list.length} containers for one task`);
@@ -752,7 +768,11 @@ export class Scenario {
     for (const info of view.values()) {
       const t = this.tracked.get(info.id);
       const c = byTask.get(info.id)?.[0];
-      if (info.status !== "terminated" && info.container_id !== "" && !containers.some((x) => x.id === info.container_id)) {
+      if (
+        info.status !== "terminated" &&
+        info.container_id !== "" &&
+        !containers.some((x) => x.id === info.container_id)
+      ) {
         this.violation("lost", `${info.id}: ${info.status} but its container ${info.container_id} is gone`);
       }
       if (info.status === "running" && c && info.container_id !== c.id) {
@@ -761,25 +781,30 @@ export class Scenario {
       if (info.status !== "terminated" || !t) continue;
       const reason = info.termination_reason;
       const state = states.get(info.id);
-      if (!VALID_REASONS.has(reason)) this.violation("wrong_exit", `${info.id}: invalid reason ${JSON.stringify(reason)}`);
+      if (!VALID_REASONS.has(reason))
+        this.violation("wrong_exit", `${info.id}: invalid reason ${JSON.stringify(reason)}`);
       const exitBased = reason === "done_by_runner" || reason === "container_exited_with_error";
       const exited = c !== undefined && (c.state === "exited" || c.state === "dead");
       if (exitBased) {
         if (!c) {
           if (!t.exitConfirmed && reason === "done_by_runner") {
-            this.violation("wrong_exit", `${info.id}: its container vanished, yet it is reported done_by_runner`);
+            this.violation(
+              "wrong_exit",
+              `${info.id}: its container vanished, yet it is reported done_by_runner`,
+            );
           }
         } else if (!exited) {
           this.violation("wrong_exit", `${info.id}: ${reason} but its container is ${c.state}`);
         } else {
           const expected = c.exitCode === 0 ? "done_by_runner" : "container_exited_with_error";
-          if (reason !== expected && !t.terminateRequested) {
-            this.violation("wrong_exit", `${info.id}: exit code ${c.exitCode} reported as ${reason}`);
-          } else if (reason !== expected) {
+          if (reason !== expected) {
             this.violation("wrong_exit", `${info.id}: exit code ${c.exitCode} reported as ${reason}`);
           }
           if (state && state.exit_code !== c.exitCode) {
-            this.violation("wrong_exit", `${info.id}: task.json exit_code ${state.exit_code} but container exited ${c.exitCode}`);
+            this.violation(
+              "wrong_exit",
+              `${info.id}: task.json exit_code ${state.exit_code} but container exited ${c.exitCode}`,
+            );
           }
           if (reason === expected) t.exitConfirmed = true;
         }
@@ -789,7 +814,10 @@ export class Scenario {
         reason !== "executor_error" &&
         reason !== "creating_container_error"
       ) {
-        this.violation("wrong_exit", `${info.id}: exited ${c.exitCode} but reported ${reason}, which nobody asked for`);
+        this.violation(
+          "wrong_exit",
+          `${info.id}: exited ${c.exitCode} but reported ${reason}, which nobody asked for`,
+        );
       }
       if (!c && state?.exit_code === 0 && !t.exitConfirmed) {
         this.violation("wrong_exit", `${info.id}: container vanished but task.json says exit code 0`);
@@ -803,20 +831,26 @@ export class Scenario {
     for (const info of infos) {
       const ids = info.gpus_ids ?? [];
       if (info.status === "terminated") {
-        if (ids.length > 0) this.violation("leaked_gpus", `${info.id}: terminated but holds ${ids.join(",")}`);
+        if (ids.length > 0)
+          this.violation("leaked_gpus", `${info.id}: terminated but holds ${ids.join(",")}`);
         continue;
       }
       for (const id of ids) {
-        if (!(FIXTURE_GPUS as readonly string[]).includes(id)) this.violation("leaked_gpus", `${info.id}: unknown GPU ${id}`);
+        if (!(FIXTURE_GPUS as readonly string[]).includes(id))
+          this.violation("leaked_gpus", `${info.id}: unknown GPU ${id}`);
         const other = held.get(id);
-        if (other !== undefined) this.violation("leaked_gpus", `${id} granted to both ${other} and ${info.id}`);
+        if (other !== undefined)
+          this.violation("leaked_gpus", `${id} granted to both ${other} and ${info.id}`);
         held.set(id, info.id);
       }
       const c = containers.find((x) => x.taskId === info.id);
       if (info.status === "running" && c) {
         const devices = [...c.gpuDevices].sort().join(",");
         if (devices !== [...ids].sort().join(",")) {
-          this.violation("leaked_gpus", `${info.id}: container has GPUs [${devices}], the shim says [${ids.join(",")}]`);
+          this.violation(
+            "leaked_gpus",
+            `${info.id}: container has GPUs [${devices}], the shim says [${ids.join(",")}]`,
+          );
         }
       }
     }
@@ -836,10 +870,12 @@ export class Scenario {
     }
     const actual = new Set(marked);
     for (const blob of actual) {
-      if (!expected.has(blob) && !optional.has(blob)) this.violation("leaked_keys", `key ${blob.slice(-12)} of no live task`);
+      if (!expected.has(blob) && !optional.has(blob))
+        this.violation("leaked_keys", `key ${blob.slice(-12)} of no live task`);
     }
     for (const blob of expected) {
-      if (!actual.has(blob)) this.violation("leaked_keys", `key ${blob.slice(-12)} of a live task is missing`);
+      if (!actual.has(blob))
+        this.violation("leaked_keys", `key ${blob.slice(-12)} of a live task is missing`);
     }
   }
 

@@ -84,13 +84,23 @@ export class ShimProcess {
       args?: string[];
       env?: NodeJS.ProcessEnv;
       waitReady?: boolean;
+      /** The bundle to run (default {@link SHIM_BUNDLE}). */
+      bundle?: string;
     } = {},
   ): Promise<ShimProcess> {
     const home = options.home ?? (await tempHome());
     const port = options.port ?? (await freePort());
     const child = spawn(
       process.execPath,
-      [SHIM_BUNDLE, "serve", "--shim-home", home, "--shim-http-port", String(port), ...(options.args ?? [])],
+      [
+        options.bundle ?? SHIM_BUNDLE,
+        "serve",
+        "--shim-home",
+        home,
+        "--shim-http-port",
+        String(port),
+        ...(options.args ?? []),
+      ],
       { env: { ...process.env, ...options.env }, stdio: ["ignore", "pipe", "pipe"] },
     );
     const shim = new ShimProcess(child, home, port);
