@@ -126,7 +126,7 @@ export function buildApi(deps: ApiDeps) {
     {
       method: "GET",
       url: "/api/components",
-      handler: () => ({ components: deps.components.list() }),
+      handler: async () => ({ components: await deps.components.list() }),
     },
     {
       method: "POST",

@@ -164,10 +164,11 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
       log,
       shutdownController.signal,
     );
-    await components.refresh();
-    if (config.runnerDownloadUrl && !existsSync(config.runnerBinaryPath)) {
-      components.install("dstack-runner", config.runnerDownloadUrl, undefined);
-    }
+    const checked = components.refresh().then(() => {
+      if (config.runnerDownloadUrl && !existsSync(config.runnerBinaryPath)) {
+        components.install("dstack-runner", config.runnerDownloadUrl, undefined);
+      }
+    });
 
     let stopping: Promise<void> | undefined;
     let resolveStopped!: () => void;
@@ -212,7 +213,7 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
         shutdownController.abort(new Error("shim shutting down"));
         runner.cancelPulls();
         await app.close();
-        await Promise.allSettled([loop, events, runner.awaitStarts(), components.settle()]);
+        await Promise.allSettled([loop, events, checked, runner.awaitStarts(), components.settle()]);
         await lock.release();
         log.info("shutdown complete");
         log.flush();

@@ -53,6 +53,7 @@ interface ComponentSlot {
 export class ComponentService {
   private readonly slots: Record<ComponentName, ComponentSlot>;
   private readonly installs = new Set<Promise<void>>();
+  private checked: Promise<void> = Promise.resolve();
 
   constructor(
     paths: { runner: string; shim: string },
@@ -66,13 +67,21 @@ export class ComponentService {
     };
   }
 
-  /** Checks both binaries' versions (at startup; installs re-check their own). */
-  async refresh(): Promise<void> {
-    for (const slot of Object.values(this.slots)) if (slot.status !== "installing") await this.check(slot);
+  /**
+   * Checks both binaries' versions (at startup; installs re-check their own). It runs in the
+   * background so it does not delay serving; `list()` waits for it, so nobody ever sees a
+   * component as "not-installed" only because it was not checked yet.
+   */
+  refresh(): Promise<void> {
+    this.checked = (async () => {
+      for (const slot of Object.values(this.slots)) if (slot.status !== "installing") await this.check(slot);
+    })();
+    return this.checked;
   }
 
   /** Both components, runner first, as last checked. */
-  list(): ComponentInfo[] {
+  async list(): Promise<ComponentInfo[]> {
+    await this.checked;
     return [this.slots["dstack-runner"], this.slots["dstack-shim"]].map(({ name, version, status }) => ({
       name,
       version,
