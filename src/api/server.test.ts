@@ -42,6 +42,7 @@ beforeEach(async () => {
   app = buildApi({
     version: VERSION,
     store: env.ctx.store,
+    docker: env.ctx.docker,
     runner: env.runner,
     reconciler: env.reconciler,
     inventory: env.ctx.inventory,

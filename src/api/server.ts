@@ -1,6 +1,7 @@
 import Fastify, { LogController, type FastifyReply, type FastifyRequest, type HTTPMethods } from "fastify";
 import type { Logger } from "pino";
 import { ComponentRequestError, type ComponentService } from "../components/component-service.js";
+import type { DockerClient } from "../docker/docker-client.js";
 import type { GpuInventory } from "../host/gpu-inventory.js";
 import type { Reconciler } from "../runner/reconciler.js";
 import {
@@ -20,6 +21,8 @@ import { taskInfo } from "./wire.js";
 export interface ApiDeps {
   readonly version: string;
   readonly store: TaskStore;
+  /** Used only for the logs extension; every other read is answered from memory. */
+  readonly docker: DockerClient;
   readonly runner: TaskRunner;
   readonly reconciler: Reconciler;
   readonly inventory: GpuInventory;
@@ -32,6 +35,7 @@ export interface ApiDeps {
 
 const ALL_METHODS: HTTPMethods[] = ["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"];
 const MAX_STOP_TIMEOUT_S = 24 * 60 * 60;
+const MAX_LOG_TAIL = 10_000;
 // eslint-disable-next-line no-control-regex
 const CONTROL = /[\u0000-\u0008\u000b-\u001f\u007f]/;
 
@@ -156,6 +160,27 @@ export function buildApi(deps: ApiDeps) {
       handler: (request, reply) => {
         const task = deps.store.get((request.params as { id: string }).id);
         return task ? taskInfo(task) : sendText(reply, 404, "Not Found");
+      },
+    },
+    {
+      // taskshim extension: the last lines of the container's output (stdout and stderr).
+      method: "GET",
+      url: "/api/tasks/:id/logs",
+      handler: async (request, reply) => {
+        const task = deps.store.mustGet((request.params as { id: string }).id);
+        const raw = (request.query as { tail?: string }).tail ?? "100";
+        const tail = Number(raw);
+        if (!/^\d+$/.test(raw) || tail < 1 || tail > MAX_LOG_TAIL) {
+          throw new HttpError(400, `tail must be an integer from 1 to ${MAX_LOG_TAIL}`);
+        }
+        if (task.containerId === "")
+          return reply.header("content-type", "text/plain; charset=utf-8").send("");
+        const lines = await deps.docker.containerLogTail(task.containerId, tail).catch((cause: unknown) => {
+          throw new TaskOperationError(`failed to read logs: ${(cause as Error).message}`, { cause });
+        });
+        return reply
+          .header("content-type", "text/plain; charset=utf-8")
+          .send(lines.length > 0 ? `${lines.join("\n")}\n` : "");
       },
     },
     {

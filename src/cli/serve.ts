@@ -176,6 +176,7 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
     const app = buildApi({
       version: VERSION,
       store: ctx.store,
+      docker,
       runner,
       reconciler,
       inventory,
