@@ -13,6 +13,9 @@ exit 0
 
 const KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl alice's laptop";
 
+const RSA_KEY =
+  "ssh-rsa AAAAB3NzaC1yc2EAAAADAQABAAAAgQCmDdTKile1wC/00RgFAfo6DVvldTrWec0U60RqdNbxQbtP7KqIt/XxrQPNRKj331xB74aFvSkDkwKPqkxBKNqybJ25sAAP98ODFAHuPwm+VMBZLThNW6sQCcLFvqTVIdUNP87i+RIa4nGjwRzdXytcShQbFLNPOpwGoweouqlNwQ== bob";
+
 let shim: ShimProcess;
 let images: TestImages;
 
@@ -36,7 +39,7 @@ describe("dstack-runner launch", () => {
       id,
       name: "tst-launch",
       image_name: images.runner,
-      container_ssh_keys: [KEY, "ssh-rsa AAAAB3NzaC1yc2EAAAADAQABAAABAQ bob"],
+      container_ssh_keys: [KEY, RSA_KEY],
     });
     const done = await shim.waitTerminated(id);
     expect(done.termination_reason).toBe("done_by_runner");
@@ -60,7 +63,7 @@ describe("dstack-runner launch", () => {
       "--ssh-authorized-key",
       KEY,
       "--ssh-authorized-key",
-      "ssh-rsa AAAAB3NzaC1yc2EAAAADAQABAAABAQ bob",
+      RSA_KEY,
     ]);
   });
 

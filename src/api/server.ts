@@ -1,4 +1,6 @@
+import { createHash, timingSafeEqual } from "node:crypto";
 import Fastify, { LogController, type FastifyReply, type FastifyRequest, type HTTPMethods } from "fastify";
+import type { Static, TSchema } from "typebox";
 import type { Logger } from "pino";
 import { ComponentRequestError, type ComponentService } from "../components/component-service.js";
 import type { DockerClient } from "../docker/docker-client.js";
@@ -10,11 +12,25 @@ import {
   TaskStateError,
   type TaskRunner,
 } from "../runner/task-runner.js";
-import { InvalidTaskConfigError, parseTaskConfig } from "../tasks/task-config.js";
+import { InvalidTaskConfigError, parseTaskConfig, TaskSubmitBodySchema } from "../tasks/task-config.js";
 import { TaskNotFoundError, type TaskStore } from "../tasks/task-store.js";
-import { normalizeTerminationReason } from "../tasks/termination-reason.js";
+import { normalizeTerminationReason, type TerminationReason } from "../tasks/termination-reason.js";
 import { BODY_LIMIT_BYTES, decodeObjectBody, HttpError } from "./http-errors.js";
 import type { ShimMetrics } from "./metrics.js";
+import { openApiDocument, type ApiRoute } from "./openapi.js";
+import {
+  checkBody,
+  ComponentInstallBody,
+  Components,
+  Healthcheck,
+  InstanceHealth,
+  InstanceInfo,
+  LogsQuery,
+  ShutdownBody,
+  TaskInfo,
+  TaskList,
+  TerminateBody,
+} from "./schemas.js";
 import { taskInfo } from "./wire.js";
 
 /** What the HTTP edge needs from the rest of the shim. */
@@ -29,12 +45,13 @@ export interface ApiDeps {
   readonly components: ComponentService;
   readonly log: Logger;
   readonly metrics: ShimMetrics;
+  /** When set, every route but the healthcheck needs `Authorization: Bearer <token>`. */
+  readonly authToken?: string;
   /** Starts a graceful (or forced) shutdown; the process exits 0 once it is done. */
   requestShutdown(force: boolean): void;
 }
 
 const ALL_METHODS: HTTPMethods[] = ["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"];
-const MAX_STOP_TIMEOUT_S = 24 * 60 * 60;
 const MAX_LOG_TAIL = 10_000;
 // eslint-disable-next-line no-control-regex
 const CONTROL = /[\u0000-\u0008\u000b-\u001f\u007f]/;
@@ -47,8 +64,12 @@ function sendText(reply: FastifyReply, status: number, message: string): Fastify
     .send(`${message}\n`);
 }
 
-function body(request: FastifyRequest): Record<string, unknown> {
-  return decodeObjectBody(request.headers["content-type"], request.body as Buffer | undefined);
+function body(request: FastifyRequest): Record<string, unknown>;
+function body<T extends TSchema>(request: FastifyRequest, schema: T): Static<T>;
+function body(request: FastifyRequest, schema?: TSchema): unknown {
+  const decoded = decodeObjectBody(request.headers["content-type"], request.body as Buffer | undefined);
+  if (schema) checkBody(schema, decoded);
+  return decoded;
 }
 
 /**
@@ -91,14 +112,14 @@ export function buildApi(deps: ApiDeps) {
   });
   app.setNotFoundHandler((_request, reply) => sendText(reply, 404, "404 page not found"));
 
-  const routes: {
-    method: HTTPMethods;
-    url: string;
-    handler: (r: FastifyRequest, s: FastifyReply) => unknown;
-  }[] = [
+  const id = (request: FastifyRequest): string => (request.params as { id: string }).id;
+  const routes: ApiRoute[] = [
     {
       method: "GET",
       url: "/api/healthcheck",
+      summary: "Service name and version (drives dstack's feature gates); never needs a token",
+      public: true,
+      response: Healthcheck,
       // `implementation` and `engine` are taskshim extensions; dstack's client ignores them.
       handler: () => ({
         service: "dstack-shim",
@@ -110,18 +131,26 @@ export function buildApi(deps: ApiDeps) {
     {
       method: "POST",
       url: "/api/shutdown",
+      summary: "Graceful (or forced) shutdown; the process exits 0 and containers keep running",
+      body: ShutdownBody,
       handler: (request, reply) => {
-        const force = body(request).force ?? false;
-        if (typeof force !== "boolean")
-          throw new HttpError(400, 'Request body contains an invalid value for the "force" field');
-        deps.requestShutdown(force);
+        const b = body(request, ShutdownBody);
+        deps.requestShutdown(b.force === true);
         return sendText(reply, 200, "");
       },
     },
-    { method: "GET", url: "/api/instance/health", handler: () => ({ dcgm: null }) },
+    {
+      method: "GET",
+      url: "/api/instance/health",
+      summary: "DCGM health (null: no DCGM)",
+      response: InstanceHealth,
+      handler: () => ({ dcgm: null }),
+    },
     {
       method: "GET",
       url: "/api/instance/info",
+      summary: "GPU vendor and driver of the host ({} without GPUs)",
+      response: InstanceInfo,
       handler: () => {
         const first = deps.inventory.gpus[0];
         return first ? { gpu_vendor: first.vendor, gpu_driver_version: first.driverVersion } : {};
@@ -130,25 +159,34 @@ export function buildApi(deps: ApiDeps) {
     {
       method: "GET",
       url: "/api/components",
+      summary: "The runner and shim binaries: version and install status",
+      response: Components,
       handler: async () => ({ components: await deps.components.list() }),
     },
     {
       method: "POST",
       url: "/api/components/install",
+      summary: "Download and install a component in the background (409 while installing)",
+      body: ComponentInstallBody,
       handler: (request, reply) => {
-        const b = body(request);
-        deps.components.install(b.name, b.url, b.sha256);
+        const b = body(request, ComponentInstallBody);
+        deps.components.install(b.name, b.url, b.sha256 ?? undefined);
         return sendText(reply, 200, "");
       },
     },
     {
       method: "GET",
       url: "/api/tasks",
+      summary: "Every task's id and status",
+      response: TaskList,
       handler: () => ({ tasks: deps.store.list().map((t) => ({ id: t.id, status: t.status })) }),
     },
     {
       method: "POST",
       url: "/api/tasks",
+      summary: "Submit a task (idempotent for the same id and config; 409 for a different config)",
+      body: TaskSubmitBodySchema,
+      response: TaskInfo,
       handler: async (request) => {
         const { config, auth } = parseTaskConfig(body(request));
         return taskInfo(await deps.runner.submit(config, auth));
@@ -157,27 +195,31 @@ export function buildApi(deps: ApiDeps) {
     {
       method: "GET",
       url: "/api/tasks/:id",
+      summary: "One task",
+      response: TaskInfo,
       handler: (request, reply) => {
-        const task = deps.store.get((request.params as { id: string }).id);
+        const task = deps.store.get(id(request));
         return task ? taskInfo(task) : sendText(reply, 404, "Not Found");
       },
     },
     {
-      // taskshim extension: the last lines of the container's output (stdout and stderr).
       method: "GET",
       url: "/api/tasks/:id/logs",
+      summary: "taskshim extension: the last `tail` lines (default 100) of the container's output, as text",
+      query: LogsQuery,
       handler: async (request, reply) => {
-        const task = deps.store.mustGet((request.params as { id: string }).id);
+        const task = deps.store.mustGet(id(request));
         const raw = (request.query as { tail?: string }).tail ?? "100";
         const tail = Number(raw);
         if (!/^\d+$/.test(raw) || tail < 1 || tail > MAX_LOG_TAIL) {
           throw new HttpError(400, `tail must be an integer from 1 to ${MAX_LOG_TAIL}`);
         }
-        if (task.containerId === "")
-          return reply.header("content-type", "text/plain; charset=utf-8").send("");
-        const lines = await deps.docker.containerLogTail(task.containerId, tail).catch((cause: unknown) => {
-          throw new TaskOperationError(`failed to read logs: ${(cause as Error).message}`, { cause });
-        });
+        const lines =
+          task.containerId === ""
+            ? []
+            : await deps.docker.containerLogTail(task.containerId, tail).catch((cause: unknown) => {
+                throw new TaskOperationError(`failed to read logs: ${(cause as Error).message}`, { cause });
+              });
         return reply
           .header("content-type", "text/plain; charset=utf-8")
           .send(lines.length > 0 ? `${lines.join("\n")}\n` : "");
@@ -186,25 +228,35 @@ export function buildApi(deps: ApiDeps) {
     {
       method: "POST",
       url: "/api/tasks/:id/terminate",
+      summary: "Terminate a task (cancel its pull or stop its container); the first reason wins",
+      body: TerminateBody,
+      response: TaskInfo,
       handler: async (request) => {
-        const id = (request.params as { id: string }).id;
-        const b = body(request);
-        const { reason, message, timeout } = parseTerminate(b);
-        deps.store.mustGet(id);
-        return taskInfo(await deps.runner.terminate(id, timeout, reason, message));
+        const taskId = id(request);
+        const { reason, message, timeout } = parseTerminate(body(request, TerminateBody));
+        deps.store.mustGet(taskId);
+        return taskInfo(await deps.runner.terminate(taskId, timeout, reason, message));
       },
     },
     {
       method: "POST",
       url: "/api/tasks/:id/remove",
+      summary: "Remove a terminated task: its container (confirmed), resources and directory",
       handler: async (request, reply) => {
-        await deps.runner.remove((request.params as { id: string }).id);
+        await deps.runner.remove(id(request));
         return sendText(reply, 200, "");
       },
     },
     {
       method: "GET",
+      url: "/api/openapi.json",
+      summary: "This document",
+      handler: () => openApiDocument(routes, deps.version),
+    },
+    {
+      method: "GET",
       url: "/metrics",
+      summary: "Prometheus metrics of the shim",
       handler: async (_request, reply) =>
         reply
           .header("content-type", deps.metrics.registry.contentType)
@@ -213,13 +265,28 @@ export function buildApi(deps: ApiDeps) {
     {
       method: "GET",
       url: "/metrics/tasks/:id",
+      summary: "A task's GPU metrics from the DCGM exporter (404 when there is none)",
       handler: (request, reply) => {
-        if (!deps.store.get((request.params as { id: string }).id))
-          return sendText(reply, 404, "Task not found");
+        if (!deps.store.get(id(request))) return sendText(reply, 404, "Task not found");
         return sendText(reply, 404, "DCGM Exporter is not available");
       },
     },
   ];
+
+  if (deps.authToken !== undefined) {
+    const expected = createHash("sha256").update(deps.authToken).digest();
+    const open = new Set(routes.filter((r) => r.public).map((r) => r.url));
+    app.addHook("onRequest", async (request, reply) => {
+      if (open.has(request.routeOptions.url ?? "")) return;
+      const header = request.headers.authorization ?? "";
+      const token = header.startsWith("Bearer ") ? header.slice("Bearer ".length) : "";
+      // Hashing first gives equal lengths, so the comparison takes the same time for any token.
+      const given = createHash("sha256").update(token).digest();
+      if (token === "" || !timingSafeEqual(given, expected)) {
+        await sendText(reply.header("www-authenticate", "Bearer"), 401, "unauthorized");
+      }
+    });
+  }
 
   const byUrl = new Map<string, HTTPMethods[]>();
   for (const route of routes) {
@@ -252,31 +319,25 @@ function engineView(reconciler: Reconciler): { status: string; since?: string; e
   }
 }
 
-function parseTerminate(b: Record<string, unknown>): {
-  reason: ReturnType<typeof normalizeTerminationReason>;
+function parseTerminate(b: Static<typeof TerminateBody>): {
+  reason: TerminationReason;
   message: string;
   timeout: number;
 } {
   const rawReason = b.termination_reason ?? "";
-  const rawMessage = b.termination_message ?? "";
-  const timeout = b.timeout ?? 0;
-  if (typeof rawReason !== "string" || rawReason.length > 128 || CONTROL.test(rawReason)) {
+  const message = b.termination_message ?? "";
+  if (CONTROL.test(rawReason)) {
     throw new HttpError(400, 'Request body contains an invalid value for the "termination_reason" field');
   }
-  if (typeof rawMessage !== "string" || rawMessage.length > 65_536 || rawMessage.includes("\u0000")) {
+  if (message.includes("\u0000")) {
     throw new HttpError(400, 'Request body contains an invalid value for the "termination_message" field');
-  }
-  if (
-    typeof timeout !== "number" ||
-    !Number.isInteger(timeout) ||
-    timeout < 0 ||
-    timeout > MAX_STOP_TIMEOUT_S
-  ) {
-    throw new HttpError(400, 'Request body contains an invalid value for the "timeout" field');
   }
   // "" comes from the server's dangling-task cleanup; a terminated task still needs a valid reason.
   const reason = normalizeTerminationReason(rawReason, "terminated_by_server");
   const known = rawReason.trim().toLowerCase() === reason;
-  const message = known || rawReason === "" ? rawMessage : `${rawReason}: ${rawMessage}`.trim();
-  return { reason, message, timeout };
+  return {
+    reason,
+    message: known || rawReason === "" ? message : `${rawReason}: ${message}`.trim(),
+    timeout: b.timeout ?? 0,
+  };
 }

@@ -59,6 +59,22 @@ async function readBootId(path: string): Promise<string> {
   return (await readFile(path, "utf8").catch(() => "unknown")).trim();
 }
 
+async function readAuthToken(file: string): Promise<string | undefined> {
+  if (file === "") return undefined;
+  let token: string;
+  try {
+    token = (await readFile(file, "utf8")).trim();
+  } catch (error) {
+    throw new StartupError(`cannot read the auth token file ${file}: ${(error as Error).message}`, {
+      cause: error,
+    });
+  }
+  if (token.length < 16 || /\s/.test(token)) {
+    throw new StartupError(`the auth token in ${file} must be at least 16 characters without whitespace`);
+  }
+  return token;
+}
+
 /** A running shim: `stopped` settles once it has shut down. */
 export interface RunningShim {
   readonly address: string;
@@ -76,6 +92,7 @@ export interface RunningShim {
  */
 export async function startShim(config: ShimConfig): Promise<RunningShim> {
   await mkdir(config.home, { recursive: true, mode: 0o755 });
+  const authToken = await readAuthToken(config.authTokenFile);
   let lock: HomeLock;
   try {
     lock = await acquireHomeLock(config.home);
@@ -183,6 +200,7 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
       components,
       log,
       metrics,
+      ...(authToken !== undefined ? { authToken } : {}),
       requestShutdown: (force) => shutdown(force),
     });
     try {

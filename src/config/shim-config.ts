@@ -10,6 +10,8 @@ export interface ShimConfig {
   readonly home: string;
   readonly httpAddress: string;
   readonly httpPort: number;
+  /** A file holding the API token; "" = no token required. */
+  readonly authTokenFile: string;
   readonly shimBinaryPath: string;
   readonly logLevel: LogLevel;
   readonly runnerDownloadUrl: string;
@@ -62,6 +64,11 @@ export const SERVE_SETTINGS = {
     flag: "--shim-http-address <addr>",
     env: "TASKSHIM_HTTP_ADDRESS",
     help: "address to bind (default 127.0.0.1)",
+  },
+  authTokenFile: {
+    flag: "--auth-token-file <file>",
+    env: "TASKSHIM_AUTH_TOKEN_FILE",
+    help: "require `Authorization: Bearer <token>` (the file's content) on every route but the healthcheck",
   },
   shimHttpPort: {
     flag: "--shim-http-port <port>",
@@ -182,6 +189,7 @@ export function resolveShimConfig(
     home: path("shimHome", resolve(homedir(), ".dstack")),
     httpAddress: str("shimHttpAddress", "127.0.0.1"),
     httpPort: port(str("shimHttpPort", "10998"), SERVE_SETTINGS.shimHttpPort.env),
+    authTokenFile: str("authTokenFile", "") === "" ? "" : path("authTokenFile", ""),
     shimBinaryPath: path("shimBinaryPath", defaults.shimBinaryPath),
     logLevel: parseLogLevel(str("shimLogLevel", "info")),
     runnerDownloadUrl: str("runnerDownloadUrl", ""),

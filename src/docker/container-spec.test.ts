@@ -8,6 +8,8 @@ import {
   type ContainerParams,
 } from "./container-spec.js";
 
+const KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIDTp2Jhb0wgYZiq9AErq068kD4ch2hRgtZixNUo1HbJZ";
+
 const params: ContainerParams = {
   runnerBinaryPath: "/usr/local/bin/dstack-runner",
   runnerHttpPort: 10999,
@@ -134,7 +136,7 @@ describe("buildContainerSpec", () => {
 
 describe("runnerLaunchScript", () => {
   it("adds --http-address localhost only in host mode and quotes every key", () => {
-    const key = "ssh-ed25519 AAAA bob's key; rm -rf /";
+    const key = `${KEY} bob's key; rm -rf /`;
     const host = runnerLaunchScript(config({ container_ssh_keys: [key] }), params);
     expect(host).toContain("--http-address localhost");
     expect(host).toContain(`--ssh-authorized-key ${shellQuote(key)}`);
@@ -142,7 +144,7 @@ describe("runnerLaunchScript", () => {
   });
 
   it("is a script sh accepts, whose keys reach the runner as single words", () => {
-    const key = "ssh-ed25519 AAAA it's $(whoami) `id`";
+    const key = `${KEY} it's $(whoami) \`id\``;
     const script = runnerLaunchScript(config({ container_ssh_keys: [key] }), {
       ...params,
       runnerSshLogLevel: "debug",

@@ -2,6 +2,7 @@ import { posix } from "node:path";
 import Type, { type Static, type TSchema } from "typebox";
 import Value from "typebox/value";
 import { parseImageReference } from "../docker/image-ref.js";
+import { canonicalizePublicKey } from "../host/authorized-keys.js";
 import type { VolumeInfo } from "../host/volumes.js";
 
 /*
@@ -261,10 +262,14 @@ export function parseTaskConfig(body: unknown): { config: TaskConfig; auth: Regi
 }
 
 function sshKeyText(key: string, field: string): string {
-  // Full canonicalisation happens where keys are used (authorized_keys); the runner's argv is
-  // shell-quoted, so here only what could break out of a line is refused.
   if (key.trim().length === 0 || key.length > 16_384 || CONTROL.test(key)) {
     fail(`invalid key in ${field}: a single OpenSSH public key line is expected`);
+  }
+  try {
+    // Rejects options, several keys in one entry, and anything that is not a public key.
+    canonicalizePublicKey(key);
+  } catch (cause) {
+    throw new InvalidTaskConfigError(`invalid key in ${field}: ${(cause as Error).message}`, { cause });
   }
   return key.trim();
 }

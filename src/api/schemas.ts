@@ -1,0 +1,92 @@
+import Type, { type TSchema } from "typebox";
+import Value from "typebox/value";
+import { TASK_STATUSES } from "../tasks/task-status.js";
+import { HttpError } from "./http-errors.js";
+
+/*
+ * The wire schemas of every route. The same objects validate request bodies and make up the
+ * OpenAPI document, so the document cannot drift from what the server accepts.
+ */
+
+const nullable = <T extends TSchema>(schema: T) => Type.Optional(Type.Union([schema, Type.Null()]));
+const Status = Type.Union(TASK_STATUSES.map((s) => Type.Literal(s)));
+
+/** The longest stop timeout a terminate may ask for (a day). */
+export const MAX_STOP_TIMEOUT_S = 24 * 60 * 60;
+
+export const ShutdownBody = Type.Object({ force: nullable(Type.Boolean()) });
+export const TerminateBody = Type.Object({
+  termination_reason: nullable(Type.String({ maxLength: 128 })),
+  termination_message: nullable(Type.String({ maxLength: 65_536 })),
+  timeout: nullable(Type.Integer({ minimum: 0, maximum: MAX_STOP_TIMEOUT_S })),
+});
+export const ComponentInstallBody = Type.Object({
+  name: nullable(Type.String()),
+  url: nullable(Type.String()),
+  sha256: nullable(Type.String({ pattern: "^[0-9a-fA-F]{64}$" })),
+});
+
+export const LogsQuery = Type.Object({ tail: Type.Optional(Type.Integer({ minimum: 1, maximum: 10_000 })) });
+
+export const Healthcheck = Type.Object({
+  service: Type.Literal("dstack-shim"),
+  version: Type.String(),
+  implementation: Type.Literal("taskshim"),
+  engine: Type.Object({
+    status: Type.Union([Type.Literal("up"), Type.Literal("down"), Type.Literal("unknown")]),
+    since: Type.Optional(Type.String()),
+    error: Type.Optional(Type.String()),
+  }),
+});
+export const PullProgress = Type.Object({
+  downloaded_bytes: Type.Integer(),
+  extracted_bytes: Type.Integer(),
+  total_bytes: Type.Integer(),
+  is_total_bytes_final: Type.Boolean(),
+});
+export const TaskInfo = Type.Object({
+  id: Type.String(),
+  status: Status,
+  termination_reason: Type.String(),
+  termination_message: Type.String(),
+  ports: Type.Union([
+    Type.Array(Type.Object({ host: Type.Integer(), container: Type.Integer() })),
+    Type.Null(),
+  ]),
+  image_pull_progress: Type.Union([PullProgress, Type.Null()]),
+  container_name: Type.String(),
+  container_id: Type.String(),
+  gpus_ids: Type.Union([Type.Array(Type.String()), Type.Null()]),
+});
+export const TaskList = Type.Object({
+  tasks: Type.Array(Type.Object({ id: Type.String(), status: Status })),
+});
+export const Components = Type.Object({
+  components: Type.Array(
+    Type.Object({
+      name: Type.Union([Type.Literal("dstack-runner"), Type.Literal("dstack-shim")]),
+      version: Type.String(),
+      status: Type.Union([
+        Type.Literal("not-installed"),
+        Type.Literal("installed"),
+        Type.Literal("installing"),
+        Type.Literal("error"),
+      ]),
+    }),
+  ),
+});
+export const InstanceInfo = Type.Object({
+  gpu_vendor: Type.Optional(Type.String()),
+  gpu_driver_version: Type.Optional(Type.String()),
+});
+export const InstanceHealth = Type.Object({ dcgm: Type.Null() });
+
+/**
+ * Checks a decoded body against its schema; the first bad field gets dstack-shim's message.
+ */
+export function checkBody<T extends TSchema>(schema: T, body: Record<string, unknown>): void {
+  if (Value.Check(schema, body)) return;
+  const first = Value.Errors(schema, body).find((e) => e.instancePath !== "");
+  const field = (first?.instancePath ?? "").split("/").filter(Boolean).join(".");
+  throw new HttpError(400, `Request body contains an invalid value for the "${field}" field`);
+}
