@@ -35,8 +35,13 @@ const { config: CONFIG, auth: AUTH } = parseTaskConfig({
   instance_mounts: [{ instance_path: "/mnt/nfs", path: "/nfs" }],
   gpu_devices: [{ path_on_host: "/dev/nvidia0", path_in_container: "/dev/nvidia0" }],
   host_ssh_user: "ubuntu",
-  host_ssh_keys: ["ssh-ed25519 AAAAC3Nz user@host"],
-  container_ssh_keys: ["ssh-ed25519 AAAAC3Nz project", "ssh-ed25519 AAAAC3Nz user"],
+  host_ssh_keys: [
+    "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIDTp2Jhb0wgYZiq9AErq068kD4ch2hRgtZixNUo1HbJZ user@host",
+  ],
+  container_ssh_keys: [
+    "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIDTp2Jhb0wgYZiq9AErq068kD4ch2hRgtZixNUo1HbJZ project",
+    "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIDTp2Jhb0wgYZiq9AErq068kD4ch2hRgtZixNUo1HbJZ user",
+  ],
   command: ["sh", "-c", "sleep infinity"],
   env: { HF_TOKEN: "not-a-registry-secret" },
 });
@@ -66,8 +71,8 @@ const DSTACK_SHIM_V1 =
   `"registry_password":"","image_name":"dstackai/base:py3.12-0.7-cuda-12.1","container_user":"root",` +
   `"privileged":false,"gpu":-1,"cpu":0,"memory":0,"shm_size":0,"network_mode":"host","volumes":null,` +
   `"volume_mounts":[{"name":"data","path":"/data"}],"instance_mounts":null,"gpu_devices":null,` +
-  `"host_ssh_user":"ubuntu","host_ssh_keys":["ssh-ed25519 AAAAC3Nz user@host"],` +
-  `"container_ssh_keys":["ssh-ed25519 AAAAC3Nz project"]},` +
+  `"host_ssh_user":"ubuntu","host_ssh_keys":["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIDTp2Jhb0wgYZiq9AErq068kD4ch2hRgtZixNUo1HbJZ user@host"],` +
+  `"container_ssh_keys":["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIDTp2Jhb0wgYZiq9AErq068kD4ch2hRgtZixNUo1HbJZ project"]},` +
   `"termination_reason":"","termination_message":"","cleaned_up":false}\n`;
 
 let dir: string;

@@ -14,8 +14,8 @@ const SERVER_EXAMPLE = `{"id":"c514f4ee-dfe7-472c-99a3-047178aafb5b","name":"tes
  "volumes":[{"backend":"gcp","name":"vol","volume_id":"vol-id","init_fs":true,"device_name":"/dev/sdv"}],
  "volume_mounts":[{"name":"vol","path":"/vol"}],
  "instance_mounts":[{"instance_path":"/mnt/nfs/home","path":"/home","optional":false}],
- "gpu_devices":[],"host_ssh_user":"dstack","host_ssh_keys":["host_key"],
- "container_ssh_keys":["project_key","user_key"]}`;
+ "gpu_devices":[],"host_ssh_user":"dstack","host_ssh_keys":["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIDTp2Jhb0wgYZiq9AErq068kD4ch2hRgtZixNUo1HbJZ host"],
+ "container_ssh_keys":["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIDTp2Jhb0wgYZiq9AErq068kD4ch2hRgtZixNUo1HbJZ project","ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl user"]}`;
 
 const MINIMAL = { id: "task-1", name: "job-0-0", image_name: "debian" };
 
@@ -49,8 +49,13 @@ describe("parseTaskConfig: the server's body", () => {
       instance_mounts: [{ instance_path: "/mnt/nfs/home", path: "/home" }],
       gpu_devices: [],
       host_ssh_user: "dstack",
-      host_ssh_keys: ["host_key"],
-      container_ssh_keys: ["project_key", "user_key"],
+      host_ssh_keys: [
+        "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIDTp2Jhb0wgYZiq9AErq068kD4ch2hRgtZixNUo1HbJZ host",
+      ],
+      container_ssh_keys: [
+        "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIDTp2Jhb0wgYZiq9AErq068kD4ch2hRgtZixNUo1HbJZ project",
+        "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl user",
+      ],
     });
   });
 
@@ -238,24 +243,37 @@ describe("parseTaskConfig: hostile values", () => {
   );
 
   it.each([
-    "ssh-ed25519 AAAA a\nssh-ed25519 BBBB evil",
-    "ssh-ed25519 AAAA a\r",
-    "ssh-ed25519 AAAA a\u0000",
-    "ssh-ed25519 AAAA a\u007f",
+    "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIDTp2Jhb0wgYZiq9AErq068kD4ch2hRgtZixNUo1HbJZ a\nssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl evil",
+    "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIDTp2Jhb0wgYZiq9AErq068kD4ch2hRgtZixNUo1HbJZ a\r",
+    "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIDTp2Jhb0wgYZiq9AErq068kD4ch2hRgtZixNUo1HbJZ a\u0000",
+    "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIDTp2Jhb0wgYZiq9AErq068kD4ch2hRgtZixNUo1HbJZ a\u007f",
     "",
     "   ",
   ])("rejects the ssh key %j", (key) => {
     rejects({ host_ssh_keys: [key] });
-    rejects({ container_ssh_keys: ["ssh-ed25519 AAAA ok", key] });
+    rejects({
+      container_ssh_keys: [
+        "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIDTp2Jhb0wgYZiq9AErq068kD4ch2hRgtZixNUo1HbJZ ok",
+        key,
+      ],
+    });
   });
 
   it("keeps a quote in a key comment verbatim (the runner's argv is shell-quoted) and trims the line", () => {
     const config = parse({
-      host_ssh_keys: [" ssh-ed25519 AAAA it's me "],
-      container_ssh_keys: ["ssh-ed25519 BBBB o'k"],
+      host_ssh_keys: [
+        " ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIDTp2Jhb0wgYZiq9AErq068kD4ch2hRgtZixNUo1HbJZ it's me ",
+      ],
+      container_ssh_keys: [
+        "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl o'k",
+      ],
     });
-    expect(config.host_ssh_keys).toEqual(["ssh-ed25519 AAAA it's me"]);
-    expect(config.container_ssh_keys).toEqual(["ssh-ed25519 BBBB o'k"]);
+    expect(config.host_ssh_keys).toEqual([
+      "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIDTp2Jhb0wgYZiq9AErq068kD4ch2hRgtZixNUo1HbJZ it's me",
+    ]);
+    expect(config.container_ssh_keys).toEqual([
+      "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl o'k",
+    ]);
   });
 
   it.each(["1ABC", "A-B", "A B", "", "A=B", "É", "A\nB"])("rejects the env name %j", (key) =>
@@ -278,9 +296,19 @@ describe("parseTaskConfig: hostile values", () => {
   ])("rejects %j", (extra) => rejects(extra));
 
   it("rejects lists longer than 256 entries", () => {
-    rejects({ host_ssh_keys: Array.from({ length: 257 }, (_, i) => `ssh-ed25519 KEY${i}`) });
+    rejects({
+      host_ssh_keys: Array.from(
+        { length: 257 },
+        (_, i) => `ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIDTp2Jhb0wgYZiq9AErq068kD4ch2hRgtZixNUo1HbJZ k${i}`,
+      ),
+    });
     expect(
-      parse({ host_ssh_keys: Array.from({ length: 256 }, (_, i) => `ssh-ed25519 KEY${i}`) }).host_ssh_keys,
+      parse({
+        host_ssh_keys: Array.from(
+          { length: 256 },
+          (_, i) => `ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIDTp2Jhb0wgYZiq9AErq068kD4ch2hRgtZixNUo1HbJZ k${i}`,
+        ),
+      }).host_ssh_keys,
     ).toHaveLength(256);
   });
 });
@@ -334,6 +362,14 @@ describe("sameTaskConfig", () => {
   });
 
   it("does not ignore the order of list items", () => {
-    expect(sameTaskConfig(base, { ...base, container_ssh_keys: ["user_key", "project_key"] })).toBe(false);
+    expect(
+      sameTaskConfig(base, {
+        ...base,
+        container_ssh_keys: [
+          "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl user",
+          "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIDTp2Jhb0wgYZiq9AErq068kD4ch2hRgtZixNUo1HbJZ project",
+        ],
+      }),
+    ).toBe(false);
   });
 });
