@@ -166,14 +166,21 @@ describe("task lifecycle on a real engine", () => {
   });
 
   it("sees a container's exit within half a second", async () => {
-    const cfg = commandTask("fast", ["sh", "-c", "sleep 1; exit 7"]);
-    await shim.submit(cfg);
-    const running = await shim.waitTask(cfg.id, (t) => t.status === "running", 30_000, 5);
-    const done = await shim.waitTask(cfg.id, (t) => t.status === "terminated", 30_000, 5);
-    const seenAt = Date.now();
-    const finishedAt = Date.parse((await inspect(running.container_id)).State.FinishedAt);
-    expect(done.termination_reason).toBe("container_exited_with_error");
-    expect(seenAt - finishedAt).toBeLessThan(500);
+    // The median of three exits, so one scheduling hiccup on a shared machine does not decide.
+    const delays: number[] = [];
+    for (let trial = 0; trial < 3; trial++) {
+      const cfg = commandTask(`fast${trial}`, ["sh", "-c", "sleep 1; exit 7"]);
+      await shim.submit(cfg);
+      const running = await shim.waitTask(cfg.id, (t) => t.status === "running", 30_000, 5);
+      const done = await shim.waitTask(cfg.id, (t) => t.status === "terminated", 30_000, 5);
+      const seenAt = Date.now();
+      const finishedAt = Date.parse((await inspect(running.container_id)).State.FinishedAt);
+      expect(done.termination_reason).toBe("container_exited_with_error");
+      delays.push(seenAt - finishedAt);
+    }
+    delays.sort((a, b) => a - b);
+    console.log(`exit seen by the API after ${delays.join(", ")} ms`);
+    expect(delays[1]).toBeLessThan(500);
   });
 
   it("survives concurrent terminate and remove on one task without crash or leak", async () => {

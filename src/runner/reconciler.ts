@@ -34,6 +34,8 @@ export class Reconciler {
   private kicked = false;
   /** Tasks an event said changed: inspected even if the list still says running. */
   private readonly suspects = new Set<string>();
+  /** Event-driven inspections in flight; awaited when the loop stops. */
+  private readonly fastPath = new Set<Promise<void>>();
   private health: EngineHealth = { state: "unknown" };
   private lastProbeAt = 0;
   /** When the engine last answered, and the last window in which it did not. */
@@ -57,7 +59,16 @@ export class Reconciler {
    * before its list view catches up.
    */
   kick(taskId?: string): void {
-    if (taskId !== undefined) this.suspects.add(taskId);
+    if (taskId !== undefined) {
+      this.suspects.add(taskId);
+      // Fast path: inspect that task now, without waiting for a tick or listing everything.
+      // If a tick holds its lock, the suspect stays in the set for the next tick.
+      const task = this.ctx.store.get(taskId);
+      if (task?.status === "running" && !this.ctx.shutdown.aborted) {
+        const work = this.processTask(taskId, undefined, true).finally(() => this.fastPath.delete(work));
+        this.fastPath.add(work);
+      }
+    }
     this.kicked = true;
     this.wake?.();
   }
@@ -254,6 +265,7 @@ export class Reconciler {
       });
       this.wake = undefined;
     }
+    await Promise.allSettled([...this.fastPath]);
   }
 
   /**
