@@ -1,4 +1,4 @@
-import { open } from "node:fs/promises";
+import { createWriteStream } from "node:fs";
 import { join } from "node:path";
 import { buildContainerSpec } from "../docker/container-spec.js";
 import type { PullAuth } from "../docker/docker-client.js";
@@ -293,7 +293,9 @@ export class TaskRunner {
     if ((store.get(id)?.status ?? "terminated") === "terminated")
       controller.abort(new Error("task terminated"));
     const tracker = new PullTracker();
-    const pullLog = await open(join(task.taskDir, "pull.log"), "w", 0o600).catch(() => undefined);
+    // A write stream keeps the raw lines in order; pull.log is a diagnostic, never a reason to fail.
+    const pullLog = createWriteStream(join(task.taskDir, "pull.log"), { mode: 0o600 });
+    pullLog.on("error", () => undefined);
     let lastUpdate = 0;
     try {
       const stream = await docker.pullImage(pullRef, auth, controller.signal);
@@ -302,7 +304,7 @@ export class TaskRunner {
         signal: controller.signal,
         onMessage: (message, rawLine) => {
           tracker.update(message);
-          void pullLog?.write(`${rawLine}\n`).catch(() => undefined);
+          pullLog.write(`${rawLine}\n`);
           const now = Date.now();
           if (now - lastUpdate >= 100) {
             lastUpdate = now;
@@ -330,7 +332,7 @@ export class TaskRunner {
       bounded.signal.removeEventListener("abort", onAbort);
       bounded.dispose();
       this.pulls.delete(id);
-      await pullLog?.close().catch(() => undefined);
+      await new Promise<void>((resolve) => pullLog.end(resolve));
       // The credentials were kept only to resume this pull after a restart.
       if (!this.ctx.shutdown.aborted) await deleteRegistryAuth(task.taskDir);
     }
