@@ -1,4 +1,5 @@
 import { setTimeout as sleep } from "node:timers/promises";
+import pLimit from "p-limit";
 import { ShimClient, ShimHttpError } from "./shim-client.js";
 
 /** How one shim's upgrade went. */
@@ -145,16 +146,8 @@ export async function upgradeFleet(
   concurrency: number,
   timings: UpgradeTimings = DEFAULT_UPGRADE_TIMINGS,
 ): Promise<UpgradeResult[]> {
-  const results: UpgradeResult[] = new Array<UpgradeResult>(shims.length);
-  let next = 0;
-  const worker = async (): Promise<void> => {
-    while (next < shims.length) {
-      const index = next++;
-      results[index] = await upgradeShim(shims[index] as string, binaryUrl, sha256, timings);
-    }
-  };
-  await Promise.all(Array.from({ length: Math.max(1, Math.min(concurrency, shims.length)) }, worker));
-  return results;
+  const limit = pLimit(Math.max(1, concurrency));
+  return Promise.all(shims.map((shim) => limit(() => upgradeShim(shim, binaryUrl, sha256, timings))));
 }
 
 /** A plain-text table of results, one row per shim. */

@@ -1,5 +1,6 @@
 import { existsSync } from "node:fs";
 import { basename } from "node:path";
+import pLimit from "p-limit";
 import type { TaskContainerSummary } from "../docker/docker-client.js";
 import { gpuIdsFromContainer } from "../host/gpu-inventory.js";
 import { UnsupportedTaskStateVersionError, type TaskState } from "../state/task-state-file.js";
@@ -81,14 +82,23 @@ export async function restoreTasks(ctx: RunnerContext): Promise<RestoreReport> {
     byTask.set(container.taskId, container);
   }
 
+  // Inspects (for GPUs and ports) run a few at a time: 200 sequential round trips would hold
+  // the API back for seconds after a restart.
+  const limit = pLimit(RESTORE_INSPECT_CONCURRENCY);
+  const inspected = await Promise.all(
+    [...byTask.values()].map((c) =>
+      limit(() => docker.inspectContainer(c.id, ctx.shutdown).catch(() => undefined)),
+    ),
+  );
+  const details = new Map([...byTask.values()].map((c, i) => [c.id, inspected[i]]));
   for (const [taskId, container] of byTask) {
     const stored = states.get(taskId);
-    const details = await docker.inspectContainer(container.id, ctx.shutdown).catch(() => undefined);
+    const inspect = details.get(container.id);
     const config = stored?.state.config ?? legacyConfig(taskId, container);
     const cleanedUp = stored?.state.cleaned_up ?? false;
     const ownedGpus = cleanedUp
       ? []
-      : gpuLock.lock(gpuIdsFromContainer(ctx.inventory, details?.hostConfig ?? undefined));
+      : gpuLock.lock(gpuIdsFromContainer(ctx.inventory, inspect?.hostConfig ?? undefined));
     const reason = stored?.state.termination_reason ?? "";
     // A task whose start was cut before it committed `running` resumes and adopts its container.
     const status: TaskStatus =
@@ -107,7 +117,7 @@ export async function restoreTasks(ctx: RunnerContext): Promise<RestoreReport> {
       terminationMessage: stored?.state.termination_message ?? "",
       containerName: container.name,
       containerId: container.id,
-      ports: container.state === "created" ? null : (details?.ports ?? []),
+      ports: container.state === "created" ? null : (inspect?.ports ?? []),
       gpuIds: ownedGpus,
       taskDir,
       cleanedUp,
@@ -154,6 +164,8 @@ export async function restoreTasks(ctx: RunnerContext): Promise<RestoreReport> {
   );
   return { restored: store.size, resumed, quarantined, skippedNewer, ignoredContainers, swept };
 }
+
+const RESTORE_INSPECT_CONCURRENCY = 16;
 
 /** The state was last written during an earlier boot of this host. */
 function acrossReboot(ctx: RunnerContext, state: TaskState | undefined): boolean {
