@@ -82,7 +82,12 @@ export function buildApi(deps: ApiDeps) {
     logController: new LogController({ disableRequestLogging: true }),
     bodyLimit: BODY_LIMIT_BYTES,
     forceCloseConnections: "idle",
-    return503OnClosing: true,
+    // Both answered below in plain text, as every other error is.
+    return503OnClosing: false,
+    frameworkErrors: (error, _request, reply) => {
+      const tooLong = error.code === "FST_ERR_MAX_PARAM_LENGTH";
+      return sendText(reply, tooLong ? 414 : 400, tooLong ? "URI Too Long" : "Bad Request: invalid URL");
+    },
     routerOptions: { maxParamLength: 256 },
   });
 
@@ -111,6 +116,14 @@ export function buildApi(deps: ApiDeps) {
     return sendText(reply, 500, "internal error");
   });
   app.setNotFoundHandler((_request, reply) => sendText(reply, 404, "404 page not found"));
+  let closing = false;
+  app.addHook("preClose", (done) => {
+    closing = true;
+    done();
+  });
+  app.addHook("onRequest", async (_request, reply) => {
+    if (closing) await sendText(reply.header("connection", "close"), 503, "shutting down");
+  });
 
   const id = (request: FastifyRequest): string => (request.params as { id: string }).id;
   const routes: ApiRoute[] = [

@@ -3,7 +3,7 @@ import { Command } from "@commander-js/extra-typings";
 import { formatUpgradeTable, upgradeFleet } from "../control/upgrade.js";
 import { ConfigError, resolveShimConfig, SERVE_SETTINGS, type ServeFlags } from "../config/shim-config.js";
 import { VERSION } from "../version.js";
-import { startShim } from "./serve.js";
+import { addClientCommands } from "./client-commands.js";
 import { supervise } from "./supervise.js";
 
 /** The path of this shim's own executable: the SEA binary, or the bundle run by node. */
@@ -14,6 +14,9 @@ function ownBinaryPath(): string {
 
 async function serve(flags: ServeFlags): Promise<void> {
   const config = resolveShimConfig(flags, process.env, { shimBinaryPath: ownBinaryPath() });
+  // Loaded on demand: the server's dependencies (fastify, dockerode, pino, prom-client) would
+  // otherwise slow every client command down.
+  const { startShim } = await import("./serve.js");
   const shim = await startShim(config);
   const onSignal = (): void => shim.interrupt();
   process.once("SIGINT", onSignal);
@@ -78,6 +81,7 @@ export function buildCli(): Command {
       );
       process.exit(results.some((r) => r.outcome === "failed") ? 1 : 0);
     });
+  addClientCommands(program);
   return program;
 }
 
@@ -86,7 +90,10 @@ export function main(argv: string[] = process.argv): void {
   buildCli()
     .parseAsync(argv)
     .catch((error: unknown) => {
-      const message = error instanceof Error ? error.message : String(error);
+      // One line, whatever the error carries: scripts read stderr line by line.
+      const message = (error instanceof Error ? error.message : String(error))
+        .trim()
+        .replace(/\s*\n\s*/g, " ");
       process.stderr.write(
         `taskshim: ${error instanceof ConfigError ? "configuration error: " : ""}${message}\n`,
       );

@@ -1,6 +1,15 @@
-import { describe, expect, it } from "vitest";
+import { createServer, type IncomingMessage, type Server } from "node:http";
+import type { AddressInfo } from "node:net";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { TASK_STATUSES } from "../tasks/task-status.js";
-import { negotiateFeatures, parseShimVersion } from "./shim-client.js";
+import {
+  negotiateFeatures,
+  parseShimVersion,
+  ShimClient,
+  ShimHttpError,
+  ShimProtocolError,
+  ShimUnreachableError,
+} from "./shim-client.js";
 import { formatUpgradeTable } from "./upgrade.js";
 
 describe("parseShimVersion (dstack's _parse_version)", () => {
@@ -82,5 +91,92 @@ describe("formatUpgradeTable", () => {
     expect(lines[0]).toMatch(/^shim\s+outcome\s+from\s+to\s+window ms\s+tasks kept\s+error$/);
     expect(lines[1]).toMatch(/^http:\/\/a\s+upgraded\s+1\.0\.0\s+1\.1\.0\s+812\s+3\/3$/);
     expect(lines[2]).toMatch(/failed .* - +0\/1 +x$/);
+  });
+});
+
+describe("ShimClient over HTTP", () => {
+  let server: Server;
+  let url: string;
+  const seen: IncomingMessage[] = [];
+
+  beforeAll(async () => {
+    server = createServer((request, response) => {
+      seen.push(request);
+      const send = (status: number, type: string, body: string): void => {
+        response.writeHead(status, { "content-type": type }).end(body);
+      };
+      switch (request.url) {
+        case "/api/tasks/t%2F1/logs?tail=2":
+          return send(200, "text/plain; charset=utf-8", "line 1\nline 2\n");
+        case "/api/instance/info":
+          return send(200, "application/json", '{"gpu_vendor":"nvidia","gpu_driver_version":"570.86.15"}');
+        case "/metrics":
+          return send(200, "text/plain; version=0.0.4", "taskshim_engine_up 1\n");
+        case "/api/tasks":
+          return send(409, "text/plain; charset=utf-8", "request error: task dup is already submitted\n");
+        case "/api/tasks/dup":
+          return send(
+            200,
+            "application/json",
+            '{"id":"dup","status":"running","termination_reason":"","termination_message":""}',
+          );
+        case "/api/tasks/bad":
+          return send(200, "application/json", '{"id":"bad","status":"sleeping"}');
+        case undefined:
+        default:
+          return send(404, "text/plain; charset=utf-8", "404 page not found\n");
+      }
+    });
+    await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+    url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+  });
+  afterAll(() => new Promise<void>((resolve) => server.close(() => resolve())));
+
+  it("reads the logs extension as text, with the id encoded", async () => {
+    expect(await new ShimClient(url).logs("t/1", 2)).toBe("line 1\nline 2\n");
+  });
+
+  it("reads instance info and metrics", async () => {
+    const client = new ShimClient(url);
+    expect(await client.instanceInfo()).toEqual({ gpu_vendor: "nvidia", gpu_driver_version: "570.86.15" });
+    expect(await client.metrics()).toBe("taskshim_engine_up 1\n");
+  });
+
+  it("sends the bearer token when it has one, and none otherwise", async () => {
+    seen.length = 0;
+    await new ShimClient(url, 9_000, { authToken: "s3cret-token-0123456789" }).metrics();
+    await new ShimClient(url).metrics();
+    expect(seen.map((r) => r.headers.authorization)).toEqual(["Bearer s3cret-token-0123456789", undefined]);
+  });
+
+  it("names method, path, status and body in an HTTP error", async () => {
+    const error = await new ShimClient(url).removeTask("nope").catch((e: unknown) => e);
+    expect(error).toBeInstanceOf(ShimHttpError);
+    expect((error as ShimHttpError).message).toBe(
+      "POST /api/tasks/nope/remove: HTTP 404: 404 page not found",
+    );
+    expect((error as ShimHttpError).method).toBe("POST");
+  });
+
+  it("adopts an existing task on a 409 submit unless told not to", async () => {
+    const client = new ShimClient(url);
+    expect(await client.submitTask({ id: "dup" })).toMatchObject({ id: "dup", status: "running" });
+    await expect(client.submitTask({ id: "dup" }, { adoptExisting: false })).rejects.toThrow(
+      "POST /api/tasks: HTTP 409: request error: task dup is already submitted",
+    );
+  });
+
+  it("refuses an answer outside the contract", async () => {
+    await expect(new ShimClient(url).getTask("bad")).rejects.toThrow(ShimProtocolError);
+  });
+
+  it("says why a shim is unreachable, not just that fetch failed", async () => {
+    const closed = createServer();
+    await new Promise<void>((resolve) => closed.listen(0, "127.0.0.1", resolve));
+    const port = (closed.address() as AddressInfo).port;
+    await new Promise<void>((resolve) => closed.close(() => resolve()));
+    const error = await new ShimClient(`http://127.0.0.1:${port}`).listTasks().catch((e: unknown) => e);
+    expect(error).toBeInstanceOf(ShimUnreachableError);
+    expect((error as Error).message).toMatch(/ECONNREFUSED/);
   });
 });

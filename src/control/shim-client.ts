@@ -10,8 +10,9 @@ export class ShimHttpError extends Error {
     readonly status: number,
     readonly body: string,
     readonly path: string,
+    readonly method = "GET",
   ) {
-    super(`${path}: HTTP ${status}: ${body.trim()}`);
+    super(`${method} ${path}: HTTP ${status}: ${body.trim()}`);
   }
 }
 /** The shim could not be reached (refused, timed out). */
@@ -23,11 +24,21 @@ export class ShimProtocolError extends Error {
   override readonly name = "ShimProtocolError";
 }
 
-const Status = Type.Union(TASK_STATUSES.map((s) => Type.Literal(s)));
+// A union built from an array loses its literal types in Static (it becomes never); the schema
+// still checks the values, Unsafe only restores the type.
+const Status = Type.Unsafe<TaskStatus>(Type.Union(TASK_STATUSES.map((s) => Type.Literal(s))));
 const HealthcheckSchema = Type.Object({
   service: Type.String(),
   version: Type.String(),
   implementation: Type.Optional(Type.String()),
+  /** taskshim extension: the Docker Engine as the reconciler last saw it. */
+  engine: Type.Optional(
+    Type.Object({
+      status: Type.String(),
+      since: Type.Optional(Type.String()),
+      error: Type.Optional(Type.String()),
+    }),
+  ),
 });
 const TaskListSchema = Type.Object({ tasks: Type.Array(Type.Object({ id: Type.String(), status: Status })) });
 const TaskInfoSchema = Type.Object({
@@ -38,9 +49,25 @@ const TaskInfoSchema = Type.Object({
   ports: Type.Optional(
     Type.Union([Type.Array(Type.Object({ host: Type.Integer(), container: Type.Integer() })), Type.Null()]),
   ),
-  image_pull_progress: Type.Optional(Type.Union([Type.Object({}), Type.Null()])),
+  image_pull_progress: Type.Optional(
+    Type.Union([
+      Type.Object({
+        downloaded_bytes: Type.Number(),
+        extracted_bytes: Type.Number(),
+        total_bytes: Type.Number(),
+        is_total_bytes_final: Type.Boolean(),
+      }),
+      Type.Null(),
+    ]),
+  ),
   container_name: Type.Optional(Type.String()),
   container_id: Type.Optional(Type.String()),
+  /** The key's spelling is dstack-shim's (sic). */
+  gpus_ids: Type.Optional(Type.Union([Type.Array(Type.String()), Type.Null()])),
+});
+const InstanceInfoSchema = Type.Object({
+  gpu_vendor: Type.Optional(Type.String()),
+  gpu_driver_version: Type.Optional(Type.String()),
 });
 const ComponentsSchema = Type.Object({
   components: Type.Array(
@@ -63,6 +90,16 @@ export type Healthcheck = Static<typeof HealthcheckSchema>;
 export type ShimTaskInfo = Static<typeof TaskInfoSchema>;
 /** One entry of `GET /api/components`. */
 export type ShimComponent = Static<typeof ComponentsSchema>["components"][number];
+/** `GET /api/instance/info`: the first GPU's vendor and driver, or `{}` without GPUs. */
+export type ShimInstanceInfo = Static<typeof InstanceInfoSchema>;
+/** `image_pull_progress` of a task. */
+export type ShimPullProgress = NonNullable<ShimTaskInfo["image_pull_progress"]>;
+
+/** Options of a {@link ShimClient}. */
+export interface ShimClientOptions {
+  /** Sent as `Authorization: Bearer <token>` (shims started with `--auth-token-file`). */
+  readonly authToken?: string;
+}
 
 /** What a shim supports, negotiated from its healthcheck version as dstack's server does. */
 export interface ShimFeatures {
@@ -111,6 +148,17 @@ export function negotiateFeatures(health: Healthcheck): ShimFeatures {
 }
 
 /**
+ * Why a fetch failed, in one line: undici reports every network failure as "fetch failed" and
+ * keeps the useful part (`connect ECONNREFUSED 127.0.0.1:10998`) in `cause`.
+ */
+function fetchFailure(error: unknown): string {
+  if (error instanceof Error && error.name === "TimeoutError") return "no answer within the deadline";
+  const cause = (error as { cause?: unknown } | undefined)?.cause;
+  const detail = cause instanceof Error ? cause.message : undefined;
+  return detail ?? (error instanceof Error ? error.message : String(error));
+}
+
+/**
  * The control plane's typed client of one shim: every response is validated against the wire
  * contract, every call has a deadline (9 s, dstack's REQUEST_TIMEOUT).
  */
@@ -120,6 +168,7 @@ export class ShimClient {
   constructor(
     readonly baseUrl: string,
     private readonly timeoutMs = 9_000,
+    private readonly options: ShimClientOptions = {},
   ) {}
 
   private async call<S extends TSchema | undefined>(
@@ -129,19 +178,22 @@ export class ShimClient {
     body?: unknown,
   ): Promise<S extends TSchema ? Static<S> : string> {
     let response: Response;
+    const headers: Record<string, string> = {};
+    if (body !== undefined) headers["content-type"] = "application/json";
+    if (this.options.authToken !== undefined) headers.authorization = `Bearer ${this.options.authToken}`;
+    let text: string;
     try {
       response = await fetch(new URL(path, this.baseUrl), {
         method,
         signal: AbortSignal.timeout(this.timeoutMs),
-        ...(body === undefined
-          ? {}
-          : { body: JSON.stringify(body), headers: { "content-type": "application/json" } }),
+        headers,
+        ...(body === undefined ? {} : { body: JSON.stringify(body) }),
       });
+      text = await response.text();
     } catch (cause) {
-      throw new ShimUnreachableError(`${this.baseUrl}${path}: ${(cause as Error).message}`, { cause });
+      throw new ShimUnreachableError(`${this.baseUrl}${path}: ${fetchFailure(cause)}`, { cause });
     }
-    const text = await response.text();
-    if (!response.ok) throw new ShimHttpError(response.status, text, path);
+    if (!response.ok) throw new ShimHttpError(response.status, text, path, method);
     if (schema === undefined) return text as never;
     let json: unknown;
     try {
@@ -183,13 +235,17 @@ export class ShimClient {
 
   /**
    * Submits a task. A resubmit after a lost answer is answered 200 by taskshim (idempotent);
-   * a 409 from an older shim for a task that exists with our id is treated as success too.
+   * a 409 from an older shim for a task that exists with our id is treated as success too,
+   * unless `adoptExisting` is false (a person reusing an id wants to hear about the conflict).
    */
-  async submitTask(config: Record<string, unknown> & { id: string }): Promise<ShimTaskInfo> {
+  async submitTask(
+    config: Record<string, unknown> & { id: string },
+    options: { readonly adoptExisting?: boolean } = {},
+  ): Promise<ShimTaskInfo> {
     try {
       return await this.call("POST", "/api/tasks", TaskInfoSchema, config);
     } catch (error) {
-      if (error instanceof ShimHttpError && error.status === 409) {
+      if (error instanceof ShimHttpError && error.status === 409 && options.adoptExisting !== false) {
         const existing = await this.getTask(config.id).catch(() => undefined);
         if (existing) return existing;
       }
@@ -207,6 +263,21 @@ export class ShimClient {
 
   async removeTask(id: string): Promise<void> {
     await this.call("POST", `/api/tasks/${encodeURIComponent(id)}/remove`, undefined);
+  }
+
+  /** taskshim extension `GET /api/tasks/{id}/logs?tail=N`: the container's last lines, as text. */
+  async logs(id: string, tail = 100): Promise<string> {
+    return this.call("GET", `/api/tasks/${encodeURIComponent(id)}/logs?tail=${tail}`, undefined);
+  }
+
+  /** `GET /api/instance/info`. */
+  async instanceInfo(): Promise<ShimInstanceInfo> {
+    return this.call("GET", "/api/instance/info", InstanceInfoSchema);
+  }
+
+  /** `GET /metrics`: the Prometheus text exposition. */
+  async metrics(): Promise<string> {
+    return this.call("GET", "/metrics", undefined);
   }
 
   async getComponents(): Promise<ShimComponent[]> {

@@ -1,0 +1,446 @@
+import { randomUUID } from "node:crypto";
+import { readFile } from "node:fs/promises";
+import { text as readStream } from "node:stream/consumers";
+import { Option, type Command } from "@commander-js/extra-typings";
+import {
+  ShimClient,
+  ShimHttpError,
+  ShimProtocolError,
+  ShimUnreachableError,
+  type ShimTaskInfo,
+} from "../control/shim-client.js";
+import { SubmitProgressView } from "./pull-progress-bar.js";
+import { buildSubmitBody, InvalidSubmitFlagError } from "./submit-body.js";
+import { FollowTimeoutError, followStart, formatWatchEvent, watchTasks } from "./task-follow.js";
+import {
+  countByStatus,
+  formatStatusReport,
+  formatTaskDetails,
+  formatTaskTable,
+  parseQuarantined,
+  type ShimStatusReport,
+} from "./task-views.js";
+
+/** Where the client commands look for a shim unless told otherwise (dstack-shim's default port). */
+export const DEFAULT_SHIM_URL = "http://127.0.0.1:10998";
+
+/** A client command failed; the message is the one line the operator sees after `taskshim: `. */
+export class CliError extends Error {
+  override readonly name = "CliError";
+}
+
+interface ConnectOptions {
+  readonly shim: string;
+  readonly authTokenFile?: string | undefined;
+}
+
+const shimOption = () =>
+  new Option("--shim <url>", "the shim's API").env("TASKSHIM_URL").default(DEFAULT_SHIM_URL);
+const tokenOption = () =>
+  new Option(
+    "--auth-token-file <path>",
+    "file holding the shim's bearer token (shims started with --auth-token-file)",
+  ).env("TASKSHIM_AUTH_TOKEN_FILE");
+const jsonOption = () => new Option("--json", "print JSON (for scripts) instead of a table");
+
+/** A client for `--shim`, with the bearer token from `--auth-token-file` if given. */
+async function connect(options: ConnectOptions): Promise<ShimClient> {
+  let url: URL;
+  try {
+    url = new URL(options.shim);
+  } catch {
+    throw new CliError(`invalid --shim URL ${JSON.stringify(options.shim)} (like ${DEFAULT_SHIM_URL})`);
+  }
+  if (url.protocol !== "http:" && url.protocol !== "https:") {
+    throw new CliError(`invalid --shim URL ${JSON.stringify(options.shim)}: use http:// or https://`);
+  }
+  let authToken: string | undefined;
+  if (options.authTokenFile !== undefined) {
+    try {
+      authToken = (await readFile(options.authTokenFile, "utf8")).trim();
+    } catch (error) {
+      throw new CliError(`cannot read --auth-token-file: ${(error as Error).message}`);
+    }
+    if (authToken === "") throw new CliError(`--auth-token-file ${options.authTokenFile} is empty`);
+  }
+  return new ShimClient(url.origin, 9_000, authToken === undefined ? {} : { authToken });
+}
+
+/** One line for an error of the client side; shim bodies end with a newline, removed here. */
+export function describeClientError(error: unknown, shim: string): string {
+  if (error instanceof ShimHttpError) {
+    const body = error.body.trim().replace(/\s*\n\s*/g, " ");
+    const hint = error.status === 401 ? " (this shim needs a token: --auth-token-file FILE)" : "";
+    return `${error.method} ${error.path}: HTTP ${error.status}${body ? `: ${body}` : ""}${hint}`;
+  }
+  if (error instanceof ShimUnreachableError) {
+    return `cannot reach the shim at ${shim}: ${error.message.replace(/^\S+: /, "")} (is it running? see --shim)`;
+  }
+  if (error instanceof ShimProtocolError)
+    return `unexpected answer from the shim at ${shim}: ${error.message}`;
+  return error instanceof Error ? error.message : String(error);
+}
+
+/** Runs a command body, turning every failure into one `CliError` line. */
+async function run(options: ConnectOptions, body: (client: ShimClient) => Promise<void>): Promise<void> {
+  const client = await connect(options);
+  try {
+    await body(client);
+  } catch (error) {
+    if (error instanceof CliError) throw error;
+    throw new CliError(describeClientError(error, options.shim), { cause: error });
+  }
+}
+
+function print(text: string): void {
+  process.stdout.write(text.endsWith("\n") ? text : `${text}\n`);
+}
+
+function printJson(value: unknown): void {
+  print(JSON.stringify(value, null, 2));
+}
+
+function positiveInt(flag: string, min = 1, max = Number.MAX_SAFE_INTEGER) {
+  return (value: string): number => {
+    const n = Number(value);
+    if (!/^\d+$/.test(value.trim()) || n < min || n > max) {
+      throw new CliError(`${flag}: expected an integer from ${min} to ${max}, got ${JSON.stringify(value)}`);
+    }
+    return n;
+  };
+}
+
+function seconds(flag: string) {
+  return (value: string): number => {
+    const n = Number(value);
+    if (value.trim() === "" || !Number.isFinite(n) || n < 0) {
+      throw new CliError(`${flag}: expected a number of seconds, got ${JSON.stringify(value)}`);
+    }
+    return n;
+  };
+}
+
+const collect = (value: string, previous: string[]): string[] => [...previous, value];
+
+/** Maps with at most `limit` calls in flight; results in input order. */
+async function mapLimit<T, R>(items: readonly T[], limit: number, fn: (item: T) => Promise<R>): Promise<R[]> {
+  const results = new Array<R>(items.length);
+  let next = 0;
+  const worker = async (): Promise<void> => {
+    while (next < items.length) {
+      const index = next++;
+      results[index] = await fn(items[index] as T);
+    }
+  };
+  await Promise.all(Array.from({ length: Math.min(limit, items.length) }, worker));
+  return results;
+}
+
+/** Every task's full info; tasks removed between the list and the read are left out. */
+async function allTaskInfos(client: ShimClient, filter: (status: string) => boolean = () => true) {
+  const list = (await client.listTasks()).filter((t) => filter(t.status));
+  const infos = await mapLimit(list, 8, async (t) => {
+    try {
+      return await client.getTask(t.id);
+    } catch (error) {
+      if (error instanceof ShimHttpError && error.status === 404) return undefined;
+      throw error;
+    }
+  });
+  return { list, infos: infos.filter((t): t is ShimTaskInfo => t !== undefined) };
+}
+
+async function statusReport(client: ShimClient): Promise<ShimStatusReport> {
+  const health = await client.healthcheck();
+  // Older shims lack some endpoints (404): those parts are reported as not supported.
+  const optional = <T>(promise: Promise<T>): Promise<T | undefined> =>
+    promise.catch((error: unknown) => {
+      if (error instanceof ShimHttpError && (error.status === 404 || error.status === 405)) return undefined;
+      throw error;
+    });
+  const [info, components, live, metrics] = await Promise.all([
+    optional(client.instanceInfo()),
+    optional(client.getComponents()),
+    allTaskInfos(client, (status) => status !== "terminated"),
+    optional(client.metrics()),
+  ]);
+  const all = await client.listTasks();
+  const gpusInUse = new Set(live.infos.flatMap((t) => t.gpus_ids ?? []));
+  return {
+    shim: client.baseUrl,
+    service: health.service,
+    version: health.version,
+    implementation: health.implementation ?? null,
+    engine: health.engine ?? null,
+    gpu: {
+      vendor: info?.gpu_vendor ?? null,
+      driver_version: info?.gpu_driver_version ?? null,
+      in_use: gpusInUse.size,
+    },
+    components: components ?? null,
+    tasks: { total: all.length, by_status: countByStatus(all) },
+    quarantined_state_files: (metrics !== undefined ? parseQuarantined(metrics) : undefined) ?? null,
+  };
+}
+
+async function readConfigFile(path: string): Promise<Record<string, unknown>> {
+  let text: string;
+  try {
+    text = path === "-" ? await readStream(process.stdin) : await readFile(path, "utf8");
+  } catch (error) {
+    throw new CliError(`cannot read --file ${path}: ${(error as Error).message}`);
+  }
+  let value: unknown;
+  try {
+    value = JSON.parse(text);
+  } catch (error) {
+    throw new CliError(`--file ${path} is not valid JSON: ${(error as Error).message}`);
+  }
+  if (typeof value !== "object" || value === null || Array.isArray(value)) {
+    throw new CliError(`--file ${path} must hold a JSON object (the POST /api/tasks body)`);
+  }
+  return value as Record<string, unknown>;
+}
+
+/** `running`, or terminated by the task itself with success: anything else is a failure. */
+function succeeded(task: ShimTaskInfo): boolean {
+  return task.status === "running" || task.termination_reason === "done_by_runner";
+}
+
+function addStatusCommand(program: Command): void {
+  program
+    .command("status")
+    .description("show a shim: version, Docker Engine health, GPUs, components, task counts by status")
+    .addOption(shimOption())
+    .addOption(tokenOption())
+    .addOption(jsonOption())
+    .action(async (options) =>
+      run(options, async (client) => {
+        const report = await statusReport(client);
+        if (options.json) printJson(report);
+        else print(formatStatusReport(report));
+      }),
+    );
+}
+
+function addTaskCommands(tasks: Command): void {
+  tasks
+    .command("ls")
+    .alias("list")
+    .description("list the shim's tasks")
+    .addOption(shimOption())
+    .addOption(tokenOption())
+    .addOption(jsonOption())
+    .action(async (options) =>
+      run(options, async (client) => {
+        const { infos } = await allTaskInfos(client);
+        if (options.json) printJson(infos);
+        else print(formatTaskTable(infos));
+      }),
+    );
+
+  tasks
+    .command("get")
+    .description("show one task")
+    .argument("<id>", "task id")
+    .addOption(shimOption())
+    .addOption(tokenOption())
+    .addOption(jsonOption())
+    .action(async (id, options) =>
+      run(options, async (client) => {
+        const task = await client.getTask(id);
+        if (options.json) printJson(task);
+        else print(formatTaskDetails(task));
+      }),
+    );
+
+  tasks
+    .command("submit")
+    .description(
+      "submit a task from --file and/or flags, then follow it until it runs (pull progress included)",
+    )
+    .argument("[command...]", "the command to run instead of the image's (after --)")
+    .option("-f, --file <path>", 'task config: the JSON body of POST /api/tasks ("-" reads stdin)')
+    .option("--id <id>", "task id (default: a new UUID)")
+    .option("--name <name>", "task name (default: from the image)")
+    .option("--image <image>", "image to run")
+    .option("--command <args...>", "the command and its arguments (or give them after --)")
+    .option(
+      "-e, --env <K=V>",
+      "container environment variable (repeatable; K alone passes this shell's)",
+      collect,
+      [] as string[],
+    )
+    .option("--gpu <n>", "GPUs: a count, 0 for none, -1 for all")
+    .option("--cpu <n>", "CPUs, fractions allowed (0 = all)")
+    .option("--memory <size>", "memory limit, like 4GiB or 512MiB (0 = none)")
+    .option("--shm <size>", "/dev/shm size, like 1GiB")
+    .option("--mount <host:container>", "bind mount a host dir (repeatable)", collect, [] as string[])
+    .addOption(new Option("--network <mode>", "network mode").choices(["host", "bridge"] as const))
+    .option("--registry-user <user>", "registry username")
+    .addOption(
+      new Option("--registry-password <password>", "registry password").env("TASKSHIM_REGISTRY_PASSWORD"),
+    )
+    .option("--privileged", "run the container privileged")
+    .option("-d, --detach", "print the submitted task and return without following it")
+    .option(
+      "--timeout <seconds>",
+      "stop following after this long (the task goes on; 0 = never)",
+      seconds("--timeout"),
+      0,
+    )
+    .addOption(
+      new Option("--poll-interval <ms>", "how often to poll")
+        .argParser(positiveInt("--poll-interval", 10))
+        .default(250)
+        .hideHelp(),
+    )
+    .addOption(shimOption())
+    .addOption(tokenOption())
+    .addOption(jsonOption())
+    .action(async (words, options) =>
+      run(options, async (client) => {
+        const file = options.file !== undefined ? await readConfigFile(options.file) : undefined;
+        let body;
+        try {
+          body = buildSubmitBody(
+            file,
+            { ...options, command: options.command ?? (words.length > 0 ? words : undefined) },
+            { newId: randomUUID, env: (name) => process.env[name] },
+          );
+        } catch (error) {
+          if (error instanceof InvalidSubmitFlagError) throw new CliError(error.message);
+          throw error;
+        }
+        const submitted = await client.submitTask(body, { adoptExisting: false });
+        // With --json, stdout carries only the final JSON; progress goes to stderr.
+        const progressOut = options.json ? process.stderr : process.stdout;
+        if (options.detach) {
+          if (options.json) printJson(submitted);
+          else print(`submitted task ${submitted.id} (container ${submitted.container_name ?? "-"})`);
+          return;
+        }
+        progressOut.write(`submitted task ${submitted.id} (container ${submitted.container_name ?? "-"})\n`);
+        const view = new SubmitProgressView(progressOut);
+        let final: ShimTaskInfo | undefined;
+        try {
+          final = await followStart(client, submitted.id, (task) => view.update(task), {
+            timeoutMs: options.timeout * 1000,
+            pollMs: options.pollInterval,
+          });
+        } catch (error) {
+          view.end(undefined);
+          if (error instanceof FollowTimeoutError) throw new CliError(error.message);
+          throw error;
+        }
+        view.end(final);
+        if (options.json) printJson(final);
+        else if (final.status === "running")
+          print(`running: task ${final.id} in container ${final.container_name ?? "-"}`);
+        else {
+          print(`terminated: ${final.termination_reason}`);
+          if (final.termination_message) print(final.termination_message.replace(/^/gm, "  "));
+        }
+        if (!succeeded(final)) {
+          throw new CliError(`task ${final.id} failed: ${final.termination_reason}`);
+        }
+      }),
+    );
+
+  tasks
+    .command("terminate")
+    .description("terminate a task: stop its container (SIGTERM, then SIGKILL) and release its resources")
+    .argument("<id>", "task id")
+    .option("--reason <reason>", "termination reason recorded on the task", "terminated_by_user")
+    .option("--message <text>", "termination message", "")
+    .option(
+      "--timeout <seconds>",
+      "seconds between SIGTERM and SIGKILL",
+      positiveInt("--timeout", 0, 86_400),
+      10,
+    )
+    .addOption(shimOption())
+    .addOption(tokenOption())
+    .addOption(jsonOption())
+    .action(async (id, options) =>
+      run(options, async (client) => {
+        const task = await client.terminateTask(id, options.reason, options.message, options.timeout);
+        if (options.json) printJson(task);
+        else print(formatTaskDetails(task));
+      }),
+    );
+
+  tasks
+    .command("rm")
+    .alias("remove")
+    .description("remove a terminated task: its container, its resources and its directory")
+    .argument("<id>", "task id")
+    .option("--force", "terminate the task first (no grace period) if it is not terminated yet")
+    .addOption(shimOption())
+    .addOption(tokenOption())
+    .addOption(jsonOption())
+    .action(async (id, options) =>
+      run(options, async (client) => {
+        if (options.force) {
+          const task = await client.getTask(id);
+          if (task.status !== "terminated")
+            await client.terminateTask(id, "terminated_by_user", "removed with --force", 0);
+        }
+        await client.removeTask(id);
+        if (options.json) printJson({ id, removed: true });
+        else print(`removed task ${id}`);
+      }),
+    );
+
+  tasks
+    .command("logs")
+    .description("print the last lines of a task's container output (stdout and stderr)")
+    .argument("<id>", "task id")
+    .option("-n, --tail <lines>", "how many lines (1..10000)", positiveInt("--tail", 1, 10_000), 100)
+    .addOption(shimOption())
+    .addOption(tokenOption())
+    .action(async (id, options) =>
+      run(options, async (client) => {
+        process.stdout.write(await client.logs(id, options.tail));
+      }),
+    );
+
+  tasks
+    .command("watch")
+    .description("print task status changes as they happen, until Ctrl-C")
+    .option("--once", "print the current tasks and exit")
+    .option("--timeout <seconds>", "exit after this long (0 = never)", seconds("--timeout"), 0)
+    .option("--interval <ms>", "poll interval", positiveInt("--interval", 10), 1_000)
+    .addOption(shimOption())
+    .addOption(tokenOption())
+    .addOption(new Option("--json", "print one JSON object per event (NDJSON)"))
+    .action(async (options) =>
+      run(options, async (client) => {
+        await watchTasks(
+          client,
+          (event) => print(options.json ? JSON.stringify(event) : formatWatchEvent(event)),
+          {
+            intervalMs: options.interval,
+            once: options.once === true,
+            timeoutMs: options.timeout * 1000,
+            onReachability: (reachable, error) =>
+              process.stderr.write(
+                reachable
+                  ? "taskshim: shim reachable again\n"
+                  : `taskshim: ${describeClientError(error, options.shim)}; retrying\n`,
+              ),
+          },
+        );
+      }),
+    );
+}
+
+/**
+ * Adds the client commands to the `taskshim` program: `status` and `tasks ls | get | submit |
+ * terminate | rm | logs | watch`, all against `--shim URL`.
+ */
+export function addClientCommands(program: Command): void {
+  addStatusCommand(program);
+  const tasks = program.command("tasks").description("list, submit, follow and remove a shim's tasks");
+  addTaskCommands(tasks);
+}

@@ -1,0 +1,262 @@
+import { describe, expect, it } from "vitest";
+import {
+  ShimHttpError,
+  ShimProtocolError,
+  ShimUnreachableError,
+  type ShimTaskInfo,
+} from "../control/shim-client.js";
+import type { TaskStatus } from "../tasks/task-status.js";
+import {
+  diffTaskStatuses,
+  FollowTimeoutError,
+  followStart,
+  formatWatchEvent,
+  UNREACHABLE_GRACE_MS,
+  watchTasks,
+  type LoopClock,
+  type WatchEvent,
+} from "./task-follow.js";
+
+/** A clock whose sleep only moves time forward. */
+function fakeClock(): LoopClock & { t: number } {
+  const clock = {
+    t: Date.parse("2025-01-01T00:00:00Z"),
+    now: () => clock.t,
+    sleep: (ms: number) => {
+      clock.t += ms;
+      return Promise.resolve();
+    },
+  };
+  return clock;
+}
+
+const info = (status: TaskStatus, reason = ""): ShimTaskInfo => ({
+  id: "t1",
+  status,
+  termination_reason: reason,
+  termination_message: "",
+});
+
+/** A getTask that answers the scripted values (or throws the scripted errors) in order, then repeats the last. */
+function scripted(answers: (ShimTaskInfo | Error)[]) {
+  let i = 0;
+  return {
+    calls: () => i,
+    getTask: (): Promise<ShimTaskInfo> => {
+      const answer = answers[Math.min(i++, answers.length - 1)];
+      return answer instanceof Error ? Promise.reject(answer) : Promise.resolve(answer as ShimTaskInfo);
+    },
+  };
+}
+
+describe("followStart", () => {
+  it("polls until the task runs, showing every poll", async () => {
+    const client = scripted([info("pending"), info("pulling"), info("creating"), info("running")]);
+    const seen: string[] = [];
+    const final = await followStart(client, "t1", (t) => seen.push(t.status), {
+      timeoutMs: 0,
+      pollMs: 100,
+      clock: fakeClock(),
+    });
+    expect(final.status).toBe("running");
+    expect(seen).toEqual(["pending", "pulling", "creating", "running"]);
+  });
+
+  it("ends at terminated too", async () => {
+    const client = scripted([info("pulling"), info("terminated", "creating_container_error")]);
+    const final = await followStart(client, "t1", () => undefined, {
+      timeoutMs: 0,
+      pollMs: 1,
+      clock: fakeClock(),
+    });
+    expect(final.termination_reason).toBe("creating_container_error");
+  });
+
+  it("rides out a shim restart (unreachable for a while)", async () => {
+    const down = new ShimUnreachableError("connect ECONNREFUSED");
+    const client = scripted([info("pulling"), down, down, down, info("running")]);
+    const final = await followStart(client, "t1", () => undefined, {
+      timeoutMs: 0,
+      pollMs: 1_000,
+      clock: fakeClock(),
+    });
+    expect(final.status).toBe("running");
+  });
+
+  it("gives up on a shim unreachable for longer than the grace period", async () => {
+    const client = scripted([info("pulling"), new ShimUnreachableError("down")]);
+    await expect(
+      followStart(client, "t1", () => undefined, { timeoutMs: 0, pollMs: 1_000, clock: fakeClock() }),
+    ).rejects.toThrow(ShimUnreachableError);
+    expect(client.calls()).toBeGreaterThan(UNREACHABLE_GRACE_MS / 1_000);
+  });
+
+  it("fails at once on an HTTP error or a protocol error", async () => {
+    for (const error of [
+      new ShimHttpError(404, "Not Found\n", "/api/tasks/t1"),
+      new ShimProtocolError("bad"),
+    ]) {
+      const client = scripted([error]);
+      await expect(
+        followStart(client, "t1", () => undefined, { timeoutMs: 0, pollMs: 1, clock: fakeClock() }),
+      ).rejects.toBe(error);
+    }
+  });
+
+  it("stops following at the timeout, saying the task goes on", async () => {
+    const client = scripted([info("pulling")]);
+    await expect(
+      followStart(client, "t1", () => undefined, { timeoutMs: 5_000, pollMs: 250, clock: fakeClock() }),
+    ).rejects.toThrow(
+      new FollowTimeoutError(
+        "task t1 is still pulling after 5 s; it keeps going (see taskshim tasks get t1)",
+      ),
+    );
+  });
+});
+
+describe("diffTaskStatuses", () => {
+  it("reports additions, changes and removals", () => {
+    const before = new Map<string, TaskStatus>([
+      ["a", "pending"],
+      ["b", "running"],
+      ["c", "terminated"],
+    ]);
+    expect(
+      diffTaskStatuses(before, [
+        { id: "a", status: "preparing" },
+        { id: "b", status: "running" },
+        { id: "d", status: "pending" },
+      ]),
+    ).toEqual([
+      { kind: "changed", id: "a", from: "pending", to: "preparing" },
+      { kind: "added", id: "d", from: null, to: "pending" },
+      { kind: "removed", id: "c", from: "terminated", to: null },
+    ]);
+    expect(
+      diffTaskStatuses(
+        before,
+        [...before].map(([id, status]) => ({ id, status })),
+      ),
+    ).toEqual([]);
+  });
+});
+
+describe("formatWatchEvent", () => {
+  const time = "2025-01-01T00:00:00.000Z";
+  it("prints one line per event", () => {
+    expect(formatWatchEvent({ time, kind: "present", id: "a", from: null, to: "running" })).toBe(
+      `${time}  a  running`,
+    );
+    expect(formatWatchEvent({ time, kind: "added", id: "a", from: null, to: "pending" })).toBe(
+      `${time}  a  (new) -> pending`,
+    );
+    expect(
+      formatWatchEvent({
+        time,
+        kind: "changed",
+        id: "a",
+        from: "running",
+        to: "terminated",
+        termination_reason: "done_by_runner",
+      }),
+    ).toBe(`${time}  a  running -> terminated  (done_by_runner)`);
+    expect(formatWatchEvent({ time, kind: "removed", id: "a", from: "terminated", to: null })).toBe(
+      `${time}  a  terminated -> (removed)`,
+    );
+  });
+});
+
+describe("watchTasks", () => {
+  /** A shim whose task list changes by script at every poll. */
+  function shim(
+    lists: ({ id: string; status: TaskStatus }[] | Error)[],
+    reasons: Record<string, string> = {},
+  ) {
+    let i = 0;
+    return {
+      listTasks: () => {
+        const answer = lists[Math.min(i++, lists.length - 1)];
+        return answer instanceof Error ? Promise.reject(answer) : Promise.resolve(answer ?? []);
+      },
+      getTask: (id: string) =>
+        reasons[id] === undefined
+          ? Promise.reject(new ShimHttpError(404, "Not Found\n", `/api/tasks/${id}`))
+          : Promise.resolve({ ...info("terminated", reasons[id]), id }),
+    };
+  }
+
+  it("prints the present tasks, then each change with the reason of a termination", async () => {
+    const events: WatchEvent[] = [];
+    const client = shim(
+      [
+        [{ id: "a", status: "running" }],
+        [
+          { id: "a", status: "running" },
+          { id: "b", status: "pending" },
+        ],
+        [
+          { id: "a", status: "terminated" },
+          { id: "b", status: "running" },
+        ],
+        [{ id: "b", status: "running" }],
+      ],
+      { a: "done_by_runner" },
+    );
+    await watchTasks(client, (e) => events.push(e), {
+      intervalMs: 1_000,
+      once: false,
+      timeoutMs: 3_500,
+      clock: fakeClock(),
+    });
+    expect(events.map(({ time: _time, ...rest }) => rest)).toEqual([
+      { kind: "present", id: "a", from: null, to: "running" },
+      { kind: "added", id: "b", from: null, to: "pending" },
+      { kind: "changed", id: "a", from: "running", to: "terminated", termination_reason: "done_by_runner" },
+      { kind: "changed", id: "b", from: "pending", to: "running" },
+      { kind: "removed", id: "a", from: "terminated", to: null },
+    ]);
+    expect(events[0]?.time).toBe("2025-01-01T00:00:00.000Z");
+    expect(events[1]?.time).toBe("2025-01-01T00:00:01.000Z");
+  });
+
+  it("with once, prints the present tasks and returns", async () => {
+    const events: WatchEvent[] = [];
+    const client = shim([[{ id: "a", status: "running" }], new Error("never asked")]);
+    await watchTasks(client, (e) => events.push(e), {
+      intervalMs: 1_000,
+      once: true,
+      timeoutMs: 0,
+      clock: fakeClock(),
+    });
+    expect(events).toHaveLength(1);
+  });
+
+  it("fails when the first poll fails", async () => {
+    const client = shim([new ShimUnreachableError("down")]);
+    await expect(
+      watchTasks(client, () => undefined, {
+        intervalMs: 1_000,
+        once: false,
+        timeoutMs: 5_000,
+        clock: fakeClock(),
+      }),
+    ).rejects.toThrow(ShimUnreachableError);
+  });
+
+  it("reports an outage once and carries on when the shim is back", async () => {
+    const reachability: boolean[] = [];
+    const events: WatchEvent[] = [];
+    const down = new ShimUnreachableError("down");
+    const client = shim([[], down, down, [{ id: "x", status: "running" }]]);
+    await watchTasks(client, (e) => events.push(e), {
+      intervalMs: 1_000,
+      once: false,
+      timeoutMs: 4_500,
+      onReachability: (reachable) => reachability.push(reachable),
+      clock: fakeClock(),
+    });
+    expect(reachability).toEqual([false, true]);
+    expect(events.map((e) => e.kind)).toEqual(["added"]);
+  });
+});

@@ -1,0 +1,182 @@
+import { setTimeout as sleep } from "node:timers/promises";
+import {
+  ShimHttpError,
+  ShimUnreachableError,
+  type ShimClient,
+  type ShimTaskInfo,
+} from "../control/shim-client.js";
+import type { TaskStatus } from "../tasks/task-status.js";
+
+/** Waiting for a task gave up before it reached the awaited status; the task itself goes on. */
+export class FollowTimeoutError extends Error {
+  override readonly name = "FollowTimeoutError";
+}
+
+/** Clock and sleep, injectable so the loops can be tested without waiting. */
+export interface LoopClock {
+  readonly now: () => number;
+  readonly sleep: (ms: number) => Promise<void>;
+}
+
+const REAL_CLOCK: LoopClock = { now: Date.now, sleep: (ms) => sleep(ms) };
+
+/**
+ * How long the shim may stay unreachable while a loop follows it: long enough to ride out a
+ * restart or an upgrade handoff (the task survives those), short enough not to hang forever.
+ */
+export const UNREACHABLE_GRACE_MS = 30_000;
+
+/** Options of {@link followStart}. */
+export interface FollowStartOptions {
+  /** Give up after this long (0 = never). */
+  readonly timeoutMs: number;
+  readonly pollMs: number;
+  readonly clock?: LoopClock;
+}
+
+/**
+ * Polls a submitted task until it is `running` or `terminated`, handing every poll to
+ * `onPoll` (the progress display). A shim that stops answering for a moment (a restart) is
+ * waited for; a shim that answers with an error ends the follow with that error.
+ */
+export async function followStart(
+  client: Pick<ShimClient, "getTask">,
+  id: string,
+  onPoll: (task: ShimTaskInfo) => void,
+  options: FollowStartOptions,
+): Promise<ShimTaskInfo> {
+  const clock = options.clock ?? REAL_CLOCK;
+  const deadline = options.timeoutMs > 0 ? clock.now() + options.timeoutMs : Number.POSITIVE_INFINITY;
+  let unreachableSince: number | undefined;
+  let last: ShimTaskInfo | undefined;
+  for (;;) {
+    try {
+      last = await client.getTask(id);
+      unreachableSince = undefined;
+    } catch (error) {
+      if (!(error instanceof ShimUnreachableError)) throw error;
+      unreachableSince ??= clock.now();
+      if (clock.now() - unreachableSince > UNREACHABLE_GRACE_MS) throw error;
+    }
+    if (last) {
+      onPoll(last);
+      if (last.status === "running" || last.status === "terminated") return last;
+    }
+    if (clock.now() >= deadline) {
+      throw new FollowTimeoutError(
+        `task ${id} is still ${last?.status ?? "unknown"} after ${Math.round(options.timeoutMs / 1000)} s; ` +
+          `it keeps going (see taskshim tasks get ${id})`,
+      );
+    }
+    await clock.sleep(Math.min(options.pollMs, Math.max(0, deadline - clock.now())));
+  }
+}
+
+/** What `tasks watch` reports about one task. */
+export interface WatchEvent {
+  readonly time: string;
+  /** `present`: in the first snapshot; then `added`, `changed` or `removed`. */
+  readonly kind: "present" | "added" | "changed" | "removed";
+  readonly id: string;
+  readonly from: TaskStatus | null;
+  readonly to: TaskStatus | null;
+  /** Set when the task became terminated and the shim still had it. */
+  readonly termination_reason?: string;
+}
+
+/** A status change between two polls (no time yet, no reason yet). */
+export type StatusChange = Omit<WatchEvent, "time" | "termination_reason">;
+
+/** The changes from one task list to the next, in the order of the new list, removals last. */
+export function diffTaskStatuses(
+  previous: ReadonlyMap<string, TaskStatus>,
+  current: readonly { readonly id: string; readonly status: TaskStatus }[],
+): StatusChange[] {
+  const changes: StatusChange[] = [];
+  const seen = new Set<string>();
+  for (const { id, status } of current) {
+    seen.add(id);
+    const before = previous.get(id);
+    if (before === undefined) changes.push({ kind: "added", id, from: null, to: status });
+    else if (before !== status) changes.push({ kind: "changed", id, from: before, to: status });
+  }
+  for (const [id, status] of previous) {
+    if (!seen.has(id)) changes.push({ kind: "removed", id, from: status, to: null });
+  }
+  return changes;
+}
+
+/** One watch event as an aligned line: `TIME  ID  FROM -> TO  (REASON)`. */
+export function formatWatchEvent(event: WatchEvent, idWidth = 0): string {
+  const id = event.id.padEnd(idWidth);
+  const change =
+    event.kind === "present" ? (event.to ?? "") : `${event.from ?? "(new)"} -> ${event.to ?? "(removed)"}`;
+  const reason = event.termination_reason ? `  (${event.termination_reason})` : "";
+  return `${event.time}  ${id}  ${change}${reason}`;
+}
+
+/** Options of {@link watchTasks}. */
+export interface WatchOptions {
+  readonly intervalMs: number;
+  /** Report the current tasks and return. */
+  readonly once: boolean;
+  /** Stop after this long (0 = until interrupted). */
+  readonly timeoutMs: number;
+  /** Told when the shim stops and starts answering again (after the first poll). */
+  readonly onReachability?: (reachable: boolean, error?: Error) => void;
+  readonly clock?: LoopClock;
+}
+
+/**
+ * Polls the task list and emits what changed: first every task present, then additions,
+ * status changes and removals. A terminated task's reason is fetched once, when it changes.
+ * The first poll must succeed; later outages are reported and waited out.
+ */
+export async function watchTasks(
+  client: Pick<ShimClient, "listTasks" | "getTask">,
+  emit: (event: WatchEvent) => void,
+  options: WatchOptions,
+): Promise<void> {
+  const clock = options.clock ?? REAL_CLOCK;
+  const deadline = options.timeoutMs > 0 ? clock.now() + options.timeoutMs : Number.POSITIVE_INFINITY;
+  const stamp = (): string => new Date(clock.now()).toISOString();
+  const reasonOf = async (id: string): Promise<string | undefined> => {
+    try {
+      return (await client.getTask(id)).termination_reason || undefined;
+    } catch (error) {
+      // Removed between the list and this read (the removal shows up in the next poll), or
+      // the shim went away (the next list reports it): the change itself is still worth a line.
+      if (error instanceof ShimHttpError && error.status === 404) return undefined;
+      if (error instanceof ShimUnreachableError) return undefined;
+      throw error;
+    }
+  };
+
+  const first = await client.listTasks();
+  const known = new Map(first.map((t) => [t.id, t.status]));
+  for (const { id, status } of first) emit({ time: stamp(), kind: "present", id, from: null, to: status });
+  if (options.once) return;
+
+  let reachable = true;
+  while (clock.now() < deadline) {
+    await clock.sleep(Math.min(options.intervalMs, Math.max(0, deadline - clock.now())));
+    if (clock.now() >= deadline) return;
+    let current: Awaited<ReturnType<typeof client.listTasks>>;
+    try {
+      current = await client.listTasks();
+    } catch (error) {
+      if (!(error instanceof ShimUnreachableError)) throw error;
+      if (reachable) options.onReachability?.(false, error);
+      reachable = false;
+      continue;
+    }
+    if (!reachable) options.onReachability?.(true);
+    reachable = true;
+    for (const change of diffTaskStatuses(known, current)) {
+      if (change.to === null) known.delete(change.id);
+      else known.set(change.id, change.to);
+      const reason = change.to === "terminated" ? await reasonOf(change.id) : undefined;
+      emit({ time: stamp(), ...change, ...(reason !== undefined ? { termination_reason: reason } : {}) });
+    }
+  }
+}

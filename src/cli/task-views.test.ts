@@ -1,0 +1,134 @@
+import { describe, expect, it } from "vitest";
+import type { ShimTaskInfo } from "../control/shim-client.js";
+import {
+  countByStatus,
+  formatPorts,
+  formatStatusReport,
+  formatTaskDetails,
+  formatTaskTable,
+  parseQuarantined,
+  type ShimStatusReport,
+} from "./task-views.js";
+
+const running: ShimTaskInfo = {
+  id: "0b1c2d3e-1111-2222-3333-444455556666",
+  status: "running",
+  termination_reason: "",
+  termination_message: "",
+  ports: [
+    { host: 32768, container: 10999 },
+    { host: 32769, container: 10022 },
+  ],
+  image_pull_progress: {
+    downloaded_bytes: 1_500_000,
+    extracted_bytes: 1_500_000,
+    total_bytes: 1_500_000,
+    is_total_bytes_final: true,
+  },
+  container_name: "train-0-0-cff1b8da",
+  container_id: "0123456789abcdef0123456789abcdef",
+  gpus_ids: ["GPU-a", "GPU-b"],
+};
+const failed: ShimTaskInfo = {
+  id: "t2",
+  status: "terminated",
+  termination_reason: "container_exited_with_error",
+  termination_message: "Traceback (most recent call last):\n  boom\u001b[0m",
+  ports: null,
+  image_pull_progress: null,
+  container_name: "job-1234abcd",
+  container_id: "",
+  gpus_ids: [],
+};
+
+describe("task views", () => {
+  it("lists tasks in an aligned table", () => {
+    const lines = formatTaskTable([running, failed]).split("\n");
+    expect(lines[0]).toMatch(/^ID\s+STATUS\s+REASON\s+CONTAINER\s+GPUS\s+PORTS$/);
+    expect(lines[1]).toMatch(
+      /^0b1c2d3e-\S+\s+running\s+-\s+train-0-0-cff1b8da\s+2\s+32768->10999, 32769->10022$/,
+    );
+    expect(lines[2]).toMatch(/^t2\s+terminated\s+container_exited_with_error\s+job-1234abcd\s+-\s+-$/);
+    expect(lines[1]?.indexOf("running")).toBe(lines[2]?.indexOf("terminated"));
+  });
+
+  it("formats ports", () => {
+    expect(formatPorts(null)).toBe("-");
+    expect(formatPorts([])).toBe("-");
+    expect(formatPorts([{ host: 1, container: 2 }])).toBe("1->2");
+  });
+
+  it("shows one task's every field, the message on several lines without escapes", () => {
+    const text = formatTaskDetails(failed);
+    expect(text).toContain("status:     terminated");
+    expect(text).toContain("reason:     container_exited_with_error");
+    expect(text).toContain(`message:    Traceback (most recent call last):\n${" ".repeat(12)}  boom[0m`);
+    expect(text).not.toContain("\u001b");
+    expect(formatTaskDetails(running)).toContain("container:  train-0-0-cff1b8da (0123456789ab)");
+    expect(formatTaskDetails(running)).toContain("pull:       1.5 MB / 1.5 MB downloaded, 1.5 MB extracted");
+  });
+});
+
+describe("status report", () => {
+  it("counts tasks by status, every status present", () => {
+    expect(countByStatus([{ status: "running" }, { status: "running" }, { status: "terminated" }])).toEqual({
+      pending: 0,
+      preparing: 0,
+      pulling: 0,
+      creating: 0,
+      running: 2,
+      terminated: 1,
+    });
+  });
+
+  it("reads the quarantine gauge from the Prometheus text", () => {
+    const text = [
+      "# HELP taskshim_quarantined_state_files State files set aside",
+      "# TYPE taskshim_quarantined_state_files gauge",
+      'taskshim_quarantined_state_files{kind="corrupt"} 2',
+      'taskshim_quarantined_state_files{kind="newer-format"} 0',
+      "taskshim_engine_up 1",
+    ].join("\n");
+    expect(parseQuarantined(text)).toEqual({ corrupt: 2, "newer-format": 0 });
+    expect(parseQuarantined("taskshim_engine_up 1\n")).toBeUndefined();
+  });
+
+  it("prints the shim's state as fields", () => {
+    const report: ShimStatusReport = {
+      shim: "http://127.0.0.1:10998",
+      service: "dstack-shim",
+      version: "1.0.0",
+      implementation: "taskshim",
+      engine: { status: "up", since: "2025-01-01T00:00:00.000Z" },
+      gpu: { vendor: "nvidia", driver_version: "570.86.15", in_use: 2 },
+      components: [
+        { name: "dstack-runner", version: "", status: "not-installed" },
+        { name: "dstack-shim", version: "1.0.0", status: "installed" },
+      ],
+      tasks: { total: 3, by_status: { ...countByStatus([]), running: 1, terminated: 2 } },
+      quarantined_state_files: { corrupt: 1, "newer-format": 0 },
+    };
+    expect(formatStatusReport(report).split("\n")).toEqual([
+      "shim:         http://127.0.0.1:10998",
+      "version:      1.0.0 (taskshim)",
+      "engine:       up since 2025-01-01T00:00:00.000Z",
+      "gpus:         nvidia, driver 570.86.15, 2 in use",
+      "components:   dstack-runner not-installed, dstack-shim installed (1.0.0)",
+      "tasks:        3 (1 running, 2 terminated)",
+      "quarantined:  1 corrupt",
+    ]);
+    const bare = formatStatusReport({
+      ...report,
+      implementation: null,
+      engine: null,
+      gpu: { vendor: null, driver_version: null, in_use: 0 },
+      components: null,
+      tasks: { total: 0, by_status: countByStatus([]) },
+      quarantined_state_files: null,
+    });
+    expect(bare).toContain("engine:       not reported by this shim");
+    expect(bare).toContain("gpus:         none");
+    expect(bare).toContain("tasks:        0\n");
+    expect(bare).toContain("quarantined:  -");
+  });
+});
