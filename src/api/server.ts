@@ -86,7 +86,7 @@ export function buildApi(deps: ApiDeps) {
     return503OnClosing: false,
     frameworkErrors: (error, _request, reply) => {
       const tooLong = error.code === "FST_ERR_MAX_PARAM_LENGTH";
-      return sendText(reply, tooLong ? 414 : 400, tooLong ? "URI Too Long" : "Bad Request: invalid URL");
+      void sendText(reply, tooLong ? 414 : 400, tooLong ? "URI Too Long" : "Bad Request: invalid URL");
     },
     routerOptions: { maxParamLength: 256 },
   });
