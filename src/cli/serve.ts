@@ -166,14 +166,19 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
     const runner = new TaskRunner(ctx);
     const reconciler = new Reconciler(ctx, runner);
     const report = await restoreTasks(ctx);
+    // What the restore reconciled (a start cut after its container started) is made durable now,
+    // or a container that vanishes before the next change would send the task back to `creating`.
+    for (const id of report.changed) await runner.persister.persist(id);
     metrics.restoredTasks.set(report.restored);
     metrics.quarantined.set({ kind: "corrupt" }, report.quarantined.length);
     metrics.quarantined.set({ kind: "newer-format" }, report.skippedNewer.length);
-    await ctx.hostKeys.reconcile(runner.hostKeysByUser()).catch((error: unknown) => {
-      log.error({ err: error }, "host keys reconcile at startup failed");
-    });
+
     // Exits that happened while the shim was down are final before the first request.
     await reconciler.tick();
+    // After the tick: tasks that ended while the shim was down no longer claim their keys.
+    await runner.reconcileHostKeys().catch((error: unknown) => {
+      log.error({ err: error }, "host keys reconcile at startup failed");
+    });
 
     const components = new ComponentService(
       { runner: config.runnerBinaryPath, shim: config.shimBinaryPath },

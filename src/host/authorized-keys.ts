@@ -308,13 +308,20 @@ export class AuthorizedKeys {
    * @throws UnknownUserError from the lookup, UnsafeAuthorizedKeysPathError when `~/.ssh` or the
    *   file is a symlink, AuthorizedKeysWriteError when reading or replacing the file failed.
    */
-  async reconcile(user: string, keys: readonly string[]): Promise<void> {
+  async reconcile(user: string, keys: readonly string[], options: ReconcileOptions = {}): Promise<void> {
     const account = await this.lookup(user);
     const sshDir = join(account.home, ".ssh");
     const path = join(sshDir, "authorized_keys");
-    const entries = this.entriesFor(user, keys);
     const dirExists = await sshDirExists(sshDir);
     const current: CurrentFile = dirExists ? await readCurrent(path) : { exists: false };
+    const kept =
+      options.keepExisting && current.exists
+        ? current.content
+            .toString("utf8")
+            .split("\n")
+            .filter((line) => isShimEntry(line))
+        : [];
+    const entries = this.entriesFor(user, [...kept, ...keys]);
     const next = composeAuthorizedKeys(current.exists ? current.content : Buffer.alloc(0), entries);
     if (current.exists ? next.equals(current.content) : next.length === 0) return;
     if (!dirExists) await createSshDir(sshDir, account);
@@ -390,6 +397,15 @@ async function replaceAtomically(
  * (the union of the host keys of every live task, per user; a user mapped to no keys loses all
  * shim entries).
  */
+/** How a reconcile treats the shim entries already in the file. */
+export interface ReconcileOptions {
+  /**
+   * Keep every shim entry already present and only add: used while a task whose keys cannot be
+   * known (its state file was lost) is alive, since leaking a key beats revoking a live one.
+   */
+  readonly keepExisting?: boolean;
+}
+
 export class HostKeysReconciler {
   private tail: Promise<void> = Promise.resolve();
 
@@ -401,17 +417,26 @@ export class HostKeysReconciler {
    * @throws AggregateError of {@link UserKeysReconcileError}s, one per user that failed; the other
    *   users are still reconciled.
    */
-  reconcile(keysByUser: ReadonlyMap<string, readonly string[]>): Promise<void> {
-    const run = this.tail.then(() => this.reconcileAll(keysByUser));
+  reconcile(
+    keysByUser: ReadonlyMap<string, readonly string[]> | (() => ReadonlyMap<string, readonly string[]>),
+    options: ReconcileOptions = {},
+  ): Promise<void> {
+    // A function is evaluated when this reconcile's turn comes, so it never writes a stale set.
+    const run = this.tail.then(() =>
+      this.reconcileAll(typeof keysByUser === "function" ? keysByUser() : keysByUser, options),
+    );
     this.tail = run.catch(() => undefined);
     return run;
   }
 
-  private async reconcileAll(keysByUser: ReadonlyMap<string, readonly string[]>): Promise<void> {
+  private async reconcileAll(
+    keysByUser: ReadonlyMap<string, readonly string[]>,
+    options: ReconcileOptions,
+  ): Promise<void> {
     const errors: UserKeysReconcileError[] = [];
     for (const [user, keys] of keysByUser) {
       try {
-        await this.ak.reconcile(user, keys);
+        await this.ak.reconcile(user, keys, options);
       } catch (error) {
         errors.push(new UserKeysReconcileError(user, { cause: error }));
       }

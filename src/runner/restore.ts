@@ -22,6 +22,8 @@ export interface RestoreReport {
   readonly ignoredContainers: string[];
   /** Leftover dirs deleted (never a dir with a state file). */
   readonly swept: string[];
+  /** Tasks whose status was reconciled to something other than their task.json says: persist them. */
+  readonly changed: string[];
 }
 
 const PRE_CONTAINER: readonly TaskStatus[] = ["pending", "preparing", "pulling", "creating"];
@@ -64,6 +66,7 @@ export async function restoreTasks(ctx: RunnerContext): Promise<RestoreReport> {
 
   const newerDirs = new Map(skippedNewer.map((dir) => [basename(dir), dir]));
   const ignoredContainers: string[] = [];
+  const changed: string[] = [];
   const resumed: string[] = [];
   const byTask = new Map<string, TaskContainerSummary>();
   for (const container of containers) {
@@ -122,10 +125,11 @@ export async function restoreTasks(ctx: RunnerContext): Promise<RestoreReport> {
       taskDir,
       cleanedUp,
       ...(stored?.state.exit_code !== undefined ? { exitCode: stored.state.exit_code } : {}),
-      ...(foreignDir !== undefined ? { foreign: true } : {}),
+      ...(foreignDir !== undefined ? { foreign: true } : stored ? {} : { degraded: true }),
       ...(acrossReboot(ctx, stored?.state) ? { acrossReboot: true } : {}),
     });
     if (status === "creating") resumed.push(taskId);
+    if (stored?.state.status !== undefined && stored.state.status !== status) changed.push(taskId);
   }
 
   for (const [taskId, { dir, state }] of states) {
@@ -162,7 +166,7 @@ export async function restoreTasks(ctx: RunnerContext): Promise<RestoreReport> {
     },
     "tasks restored",
   );
-  return { restored: store.size, resumed, quarantined, skippedNewer, ignoredContainers, swept };
+  return { restored: store.size, resumed, quarantined, skippedNewer, ignoredContainers, swept, changed };
 }
 
 const RESTORE_INSPECT_CONCURRENCY = 16;

@@ -473,8 +473,10 @@ describe("TaskRunner.release", () => {
       },
     });
     const authorizedKeys = join(env.userHome("ubuntu"), ".ssh", "authorized_keys");
-    await env.ctx.hostKeys.reconcile(env.runner.hostKeysByUser());
+    // The key was added while the task ran; a terminated task no longer claims it.
+    await env.ctx.hostKeys.reconcile(new Map([["ubuntu", [key]]]));
     expect(readFileSync(authorizedKeys, "utf8")).toContain(key.split(" ")[1]);
+    expect(env.runner.hostKeysByUser().get("ubuntu")).toBeUndefined();
     env.commands.mounted.add(join(env.home, "volumes", "data"));
     const reconcile = vi.spyOn(env.ctx.hostKeys, "reconcile");
     const release = vi.spyOn(env.ctx.gpuLock, "release");

@@ -1,7 +1,7 @@
 import { createWriteStream } from "node:fs";
 import { join } from "node:path";
 import { buildContainerSpec } from "../docker/container-spec.js";
-import type { PullAuth } from "../docker/docker-client.js";
+import type { ContainerState, PullAuth } from "../docker/docker-client.js";
 import { DockerConflictError } from "../docker/docker-errors.js";
 import {
   formatPullReference,
@@ -210,7 +210,7 @@ export class TaskRunner {
   }
 
   private async prepare(id: string): Promise<void> {
-    const { gpuLock, hostKeys, volumes } = this.ctx;
+    const { gpuLock, volumes } = this.ctx;
     const task = this.ctx.store.mustGet(id);
     const config = task.config;
     if (config.gpu !== 0 && task.gpuIds.length === 0) {
@@ -229,7 +229,7 @@ export class TaskRunner {
     }
     if (config.host_ssh_keys.length > 0) {
       try {
-        await hostKeys.reconcile(this.hostKeysByUser());
+        await this.reconcileHostKeys();
       } catch (cause) {
         throw new StartStepError("executor_error", `host ssh keys: ${(cause as Error).message}`, { cause });
       }
@@ -348,7 +348,11 @@ export class TaskRunner {
       let task = store.get(id);
       if (!task) throw new StartAbandoned("task removed");
       if (task.status === "terminated") throw new StartAbandoned("task terminated");
-      let containerId = await this.findOwnContainer(task);
+      const existing = await this.findOwnContainer(task);
+      let containerId = existing?.id ?? "";
+      // Only a container that never ran is started: one that runs or ran already (its start
+      // request landed after a restart) is adopted as it is, and the reconciler takes it from there.
+      let needsStart = existing === undefined || existing.state === "created";
       if (containerId === "") {
         const gpu = task.gpuIds.length > 0 ? gpuContainerConfig(this.ctx.inventory, task.gpuIds) : undefined;
         const spec = buildContainerSpec({
@@ -366,7 +370,10 @@ export class TaskRunner {
           await failpoint("after-create-before-persist");
         } catch (cause) {
           // A create that timed out may still have happened: adopt rather than duplicate.
-          containerId = cause instanceof DockerConflictError ? await this.findOwnContainer(task) : "";
+          const adopted =
+            cause instanceof DockerConflictError ? await this.findOwnContainer(task) : undefined;
+          containerId = adopted?.id ?? "";
+          needsStart = adopted?.state === "created";
           if (containerId === "") {
             throw new StartStepError(
               "creating_container_error",
@@ -380,7 +387,7 @@ export class TaskRunner {
       }
       task = await this.commit(id, (d) => (d.containerId = containerId));
       try {
-        await docker.startContainer(containerId);
+        if (needsStart) await docker.startContainer(containerId);
       } catch (cause) {
         const logs = await docker.containerLogTail(containerId, LAST_LOG_LINES).catch(() => []);
         throw new StartStepError(
@@ -404,25 +411,36 @@ export class TaskRunner {
     });
   }
 
-  /** A container of this task that already exists (by name, with our task label), or "". */
-  private async findOwnContainer(task: Task): Promise<string> {
+  /** A container of this task that already exists (by name, with our task label). */
+  private async findOwnContainer(task: Task): Promise<{ id: string; state: ContainerState } | undefined> {
     const candidate = await this.ctx.docker.inspectContainer(task.containerId || task.containerName);
-    if (!candidate) return "";
+    if (!candidate) return undefined;
     if (candidate.taskId !== task.id) {
       throw new StartStepError(
         "creating_container_error",
         `createContainer error: a container named ${task.containerName} exists and belongs to another task`,
       );
     }
-    return candidate.id;
+    return { id: candidate.id, state: candidate.state };
   }
 
-  /** The host keys every live (not released) task needs, per user. */
+  /**
+   * Makes every user's shim entries in authorized_keys the union of the live tasks' keys.
+   * While a task whose keys are unknown (degraded) is alive, entries are only added.
+   */
+  reconcileHostKeys(extraUsers: readonly string[] = []): Promise<void> {
+    const keepExisting = this.ctx.store
+      .list()
+      .some((t) => (t.degraded === true || t.foreign === true) && !t.cleanedUp && t.status !== "terminated");
+    return this.ctx.hostKeys.reconcile(() => this.hostKeysByUser(extraUsers), { keepExisting });
+  }
+
+  /** The host keys every live task needs, per user (a terminated task needs none). */
   hostKeysByUser(extraUsers: readonly string[] = []): Map<string, string[]> {
     const byUser = new Map<string, string[]>(extraUsers.map((u) => [u, []]));
     for (const task of this.ctx.store.list()) {
-      if (task.cleanedUp || task.config.host_ssh_user === "" || task.config.host_ssh_keys.length === 0)
-        continue;
+      const live = !task.cleanedUp && task.status !== "terminated";
+      if (!live || task.config.host_ssh_user === "" || task.config.host_ssh_keys.length === 0) continue;
       const keys = byUser.get(task.config.host_ssh_user) ?? [];
       keys.push(...task.config.host_ssh_keys);
       byUser.set(task.config.host_ssh_user, keys);
@@ -437,7 +455,7 @@ export class TaskRunner {
    * a crash in between re-runs the release, and each step is a no-op the second time.
    */
   async release(id: string): Promise<void> {
-    const { store, volumes, hostKeys, gpuLock, log } = this.ctx;
+    const { store, volumes, gpuLock, log } = this.ctx;
     const task = store.get(id);
     // A task of a newer state format is read-only: its cleanup inputs are not ours to act on.
     if (!task || task.cleanedUp || task.foreign) return;
@@ -449,9 +467,9 @@ export class TaskRunner {
       .catch((e: unknown) => problems.push((e as Error).message));
     await failpoint("mid-release:volumes");
     if (task.config.host_ssh_keys.length > 0 && task.config.host_ssh_user !== "") {
-      await hostKeys
-        .reconcile(this.hostKeysByUser([task.config.host_ssh_user]))
-        .catch((e: unknown) => problems.push((e as Error).message));
+      await this.reconcileHostKeys([task.config.host_ssh_user]).catch((e: unknown) =>
+        problems.push((e as Error).message),
+      );
     }
     await failpoint("mid-release:keys");
     const released = gpuLock.release(task.gpuIds);

@@ -42,6 +42,11 @@ export interface Task {
    * persisted, released, terminated or removed by this version.
    */
   readonly foreign?: boolean;
+  /**
+   * Restored from its container alone (no readable state file): its config, and so its host
+   * keys and volumes, are unknown.
+   */
+  readonly degraded?: boolean;
   /** Restored from a state file written before the host's last reboot. */
   readonly acrossReboot?: boolean;
 }

@@ -1,4 +1,5 @@
 import { execFile, execFileSync } from "node:child_process";
+import { existsSync } from "node:fs";
 import { createHash, randomBytes } from "node:crypto";
 import { copyFile, mkdir, readFile, rm, symlink, writeFile } from "node:fs/promises";
 import { join } from "node:path";
@@ -92,7 +93,8 @@ export class ChaosHost {
 
   /** Creates the fixture with `volumeCount` pre-formatted loop volumes. */
   async setup(volumeCount: number): Promise<void> {
-    await removeChaosContainers();
+    // Leftovers of an aborted earlier run only: a chaos run going on right now keeps its own.
+    await removeChaosContainers(CHAOS_PREFIX, STALE_AFTER_S);
     await detachStaleLoops();
     this.root = await tempHome("taskshim-chaos-");
     this.bundle = join(this.root, "taskshim.cjs");
@@ -139,7 +141,7 @@ export class ChaosHost {
 
   /** Removes containers, mounts, loop devices and the temp dir this run created. */
   async teardown(): Promise<void> {
-    await removeChaosContainers();
+    await removeChaosContainers(`${CHAOS_PREFIX}${this.nonce}-`);
     if (this.root === "") return;
     for (const point of (await mountsUnder(this.root)).reverse()) {
       await execFileAsync("umount", ["-l", point]).catch(() => undefined);
@@ -151,16 +153,24 @@ export class ChaosHost {
   }
 }
 
-/** Force-removes every container named `cx-…` that carries the shim's task label or ours. */
-export async function removeChaosContainers(): Promise<void> {
+/** Containers of an earlier chaos run older than this are leftovers of an aborted run. */
+const STALE_AFTER_S = 3600;
+
+/**
+ * Force-removes the containers named `<prefix>…` that carry the shim's task label or ours
+ * (only those created more than `olderThanS` seconds ago, when given).
+ */
+export async function removeChaosContainers(prefix: string, olderThanS = 0): Promise<void> {
   const docker = testDocker();
   const [tasks, strays] = await Promise.all([
     docker.listContainers({ all: true, filters: { label: [`${LABEL_IS_TASK}`] } }),
     docker.listContainers({ all: true, filters: { label: ["taskshim.chaos=1"] } }),
   ]);
+  const cutoff = Date.now() / 1000 - olderThanS;
   const ids = new Set(
     [...tasks, ...strays]
-      .filter((c) => (c.Names ?? []).some((n) => n.replace(/^\//, "").startsWith(CHAOS_PREFIX)))
+      .filter((c) => (c.Names ?? []).some((n) => n.replace(/^\//, "").startsWith(prefix)))
+      .filter((c) => olderThanS === 0 || c.Created < cutoff)
       .map((c) => c.Id),
   );
   await Promise.all(
@@ -174,11 +184,13 @@ export async function removeChaosContainers(): Promise<void> {
   );
 }
 
-/** Detaches loop devices left by an earlier, aborted chaos run (backed by our temp files). */
+/** Detaches loop devices of an earlier, aborted chaos run (their backing file is gone). */
 async function detachStaleLoops(): Promise<void> {
   const { stdout } = await execFileAsync("losetup", ["-a"]).catch(() => ({ stdout: "" }));
   for (const line of stdout.split("\n")) {
-    const match = /^(\/dev\/loop\d+):.*\((\/\S*taskshim-chaos-[^)]*)\)/.exec(line);
-    if (match?.[1]) await execFileAsync("losetup", ["-d", match[1]]).catch(() => undefined);
+    const match = /^(\/dev\/loop\d+):.*\((\/\S*taskshim-chaos-[^)\s]*)( \(deleted\))?\)/.exec(line);
+    if (!match?.[1] || !match[2]) continue;
+    if (match[3] === undefined && existsSync(match[2])) continue; // a live run's disk
+    await execFileAsync("losetup", ["-d", match[1]]).catch(() => undefined);
   }
 }

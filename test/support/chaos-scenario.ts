@@ -1,6 +1,8 @@
+import { execFile } from "node:child_process";
 import { chown, mkdir, readdir, readFile, stat, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
+import { promisify } from "node:util";
 import { expect } from "vitest";
 import {
   CHAOS_PREFIX,
@@ -16,13 +18,17 @@ import {
   mountsUnder,
   volumeConfig,
 } from "./chaos-host.js";
+import { startDockerProxy, type DockerProxy } from "./chaos-docker-proxy.js";
 import { testDocker } from "./docker.js";
 import { ShimProcess, type Answer, type TaskInfo } from "./shim-process.js";
 
+const execFileAsync = promisify(execFile);
+
 /*
  * One chaos scenario: a shim home with its own host user (authorized_keys with hand-written
- * lines), its own volume mount root, a tracker that watches every answer the shim gives, and
- * the oracle of restart-anchors §9.1 (I1, I2, I3 as set equalities, I5/I8, I6).
+ * lines), its own volume mount root, its own view of the engine (chaos-docker-proxy.ts), a
+ * tracker that watches every answer the shim gives and every container sighting, and the
+ * oracle of restart-anchors §9.1 (I1, I2, I3 as set equalities, I5/I8, I6).
  */
 
 /** The counters of the summary line; `other` holds violations the line has no column for. */
@@ -143,6 +149,8 @@ export interface TrackedTask {
   containerId?: string;
   /** Seen terminated with an exit-based reason while its container still told the same. */
   exitConfirmed: boolean;
+  /** A remove was sent (maybe cut by a kill): its container may be gone for a good reason. */
+  removeAttempted: boolean;
 }
 
 /** A scenario container as Docker reports it. */
@@ -221,6 +229,7 @@ export class Scenario {
   shim: ShimProcess | undefined;
   private readonly startedAt = new Map<string, string>();
   private readonly processes: ShimProcess[] = [];
+  private proxy: DockerProxy | undefined;
   private seq = 0;
 
   private constructor(
@@ -249,15 +258,20 @@ export class Scenario {
     );
     await writeFile(s.keysFile, HAND_WRITTEN.join("\n"), { mode: 0o600 });
     await chown(s.keysFile, HOST_UID, HOST_UID);
+    s.proxy = await startDockerProxy(join(s.dir, "docker.sock"), (name) => name.startsWith(s.prefix));
     return s;
   }
 
   // ---------------------------------------------------------------- shim lifecycle
 
-  /** Starts a shim on the scenario home (failpoints armed if given) and waits for health. */
-  async start(failpoints = ""): Promise<ShimProcess> {
+  /**
+   * Starts a shim on the scenario home (failpoints armed if given) and waits for health,
+   * unless `waitReady` is false (a failpoint may kill it during its startup).
+   */
+  async start(failpoints = "", options: { waitReady?: boolean } = {}): Promise<ShimProcess> {
     if (this.alive()) throw new Error(`${this.tag}: a shim is already running`);
     const shim = await ShimProcess.start({
+      waitReady: options.waitReady ?? true,
       bundle: this.host.bundle,
       home: this.home,
       args: [
@@ -270,6 +284,8 @@ export class Scenario {
         join(this.dir, "no-shim-binary"),
       ],
       env: {
+        // The scenario's view of the engine: only its own containers (see chaos-docker-proxy).
+        DOCKER_HOST: this.proxy?.dockerHost ?? "",
         TASKSHIM_FAILPOINTS: failpoints,
         TASKSHIM_PASSWD_FILE: this.passwdFile,
         TASKSHIM_DISK_BY_ID_DIR: this.host.byIdDir,
@@ -311,8 +327,8 @@ export class Scenario {
    * Starts the shim again without failpoints and checks, from the very first answers, that no
    * answered task was lost and no terminal status changed (the tracker's I5/I6 checks).
    */
-  async restart(failpoints = ""): Promise<ShimProcess> {
-    const shim = await this.start(failpoints);
+  async restart(): Promise<ShimProcess> {
+    const shim = await this.start();
     const infos = await this.list();
     const seen = new Set(infos.map((i) => i.id));
     for (const t of this.tracked.values()) {
@@ -323,11 +339,28 @@ export class Scenario {
     return shim;
   }
 
-  /** Kills every shim process this scenario started (afterAll). */
-  async stopAll(): Promise<void> {
+  /**
+   * Ends the scenario: kills its shims and removes its containers and mounts, so the next
+   * scenario's shim does not adopt them. Idempotent.
+   */
+  async close(): Promise<void> {
     for (const p of this.processes) {
       if (p.child.exitCode === null && p.child.signalCode === null) await p.kill().catch(() => undefined);
     }
+    const docker = testDocker();
+    const listed = await docker.listContainers({ all: true });
+    for (const c of listed) {
+      if (!(c.Names ?? []).some((n) => n.replace(/^\//, "").startsWith(this.prefix))) continue;
+      await docker
+        .getContainer(c.Id)
+        .remove({ force: true, v: true })
+        .catch(() => undefined);
+    }
+    for (const point of (await this.mounts()).reverse()) {
+      await execFileAsync("umount", ["-l", point]).catch(() => undefined);
+    }
+    await this.proxy?.stop();
+    this.proxy = undefined;
   }
 
   // ---------------------------------------------------------------- tasks
@@ -366,6 +399,7 @@ export class Scenario {
       degraded: false,
       maxRank: -1,
       exitConfirmed: false,
+      removeAttempted: false,
     };
     this.tracked.set(config.id, t);
     this.stats.tasks += 1;
@@ -446,12 +480,17 @@ export class Scenario {
     return this.waitFor(id, (t) => t.status === "terminated", timeoutMs);
   }
 
-  /** Every task the shim lists, each fetched and observed. */
+  /**
+   * Every task of this scenario the shim lists, each fetched and observed. A shim owns every
+   * labelled container on its engine, so it also adopts (as legacy tasks) the containers of
+   * other homes — earlier scenarios, other test files; those are not this scenario's business.
+   */
   async list(): Promise<TaskInfo[]> {
     const answer = await this.api.request<{ tasks: { id: string }[] }>("GET", "/api/tasks");
     if (answer.status !== 200) throw new Error(`list: ${answer.status} ${answer.text}`);
     const infos: TaskInfo[] = [];
     for (const { id } of answer.json.tasks) {
+      if (!id.startsWith(this.prefix)) continue;
       const info = await this.get(id);
       if (info) infos.push(info);
     }
@@ -480,6 +519,7 @@ export class Scenario {
     const t = this.entry(id);
     const before = t.removed;
     t.removed = "maybe";
+    t.removeAttempted = true;
     try {
       const answer = await this.api.remove(id);
       t.removed = answer.status === 200 ? "yes" : before;
@@ -509,6 +549,16 @@ export class Scenario {
     } catch {
       return undefined;
     }
+  }
+
+  /** Waits until task.json holds `status` (the API may show a status before it is durable). */
+  async waitPersisted(id: string, status: string, timeoutMs = 10_000): Promise<void> {
+    const deadline = Date.now() + timeoutMs;
+    while (Date.now() < deadline) {
+      if ((await this.readState(id))?.status === status) return;
+      await sleep(10);
+    }
+    throw new Error(`${this.tag}: task ${id} not persisted as ${status} within ${timeoutMs} ms`);
   }
 
   /** Waits until task.json says the task's resources were released. */
@@ -639,17 +689,25 @@ export class Scenario {
     if (rank < 0) this.violation("other", `${info.id}: unknown status ${info.status}`);
     // Pre-container statuses may be shown a moment before they are durable; running and
     // terminated never go back.
-    if (rank < t.maxRank && t.maxRank >= STATUS_RANK.running!) {
+    const regressed = rank < t.maxRank && t.maxRank >= STATUS_RANK.running!;
+    if (regressed) {
       this.violation("lost", `${info.id}: status went back to ${info.status} (rank ${t.maxRank} seen)`);
+      t.maxRank = rank; // reported once, not on every later answer
     }
     t.maxRank = Math.max(t.maxRank, rank);
     if (t.terminal) {
-      if (info.termination_reason !== t.terminal.reason || info.termination_message !== t.terminal.message) {
+      if (regressed) {
+        delete t.terminal;
+      } else if (
+        info.termination_reason !== t.terminal.reason ||
+        info.termination_message !== t.terminal.message
+      ) {
         this.violation(
           "lost",
           `${info.id}: terminal state changed from ${JSON.stringify(t.terminal)} to ` +
             `${JSON.stringify({ reason: info.termination_reason, message: info.termination_message })}`,
         );
+        t.terminal = { reason: info.termination_reason, message: info.termination_message };
       }
     } else if (info.status === "terminated") {
       t.terminal = { reason: info.termination_reason, message: info.termination_message };
@@ -785,9 +843,12 @@ export class Scenario {
         this.violation("wrong_exit", `${info.id}: invalid reason ${JSON.stringify(reason)}`);
       const exitBased = reason === "done_by_runner" || reason === "container_exited_with_error";
       const exited = c !== undefined && (c.state === "exited" || c.state === "dead");
+      // A remove is accepted only once the terminal state is durable; it may have removed the
+      // container before a kill cut it.
+      const vanishExplained = t.exitConfirmed || t.removeAttempted;
       if (exitBased) {
         if (!c) {
-          if (!t.exitConfirmed && reason === "done_by_runner") {
+          if (!vanishExplained && reason === "done_by_runner") {
             this.violation(
               "wrong_exit",
               `${info.id}: its container vanished, yet it is reported done_by_runner`,
@@ -819,7 +880,7 @@ export class Scenario {
           `${info.id}: exited ${c.exitCode} but reported ${reason}, which nobody asked for`,
         );
       }
-      if (!c && state?.exit_code === 0 && !t.exitConfirmed) {
+      if (!c && state?.exit_code === 0 && !vanishExplained) {
         this.violation("wrong_exit", `${info.id}: container vanished but task.json says exit code 0`);
       }
     }
