@@ -1,0 +1,126 @@
+import { join } from "node:path";
+import { setTimeout as sleep } from "node:timers/promises";
+import { writeFileDurably } from "../src/state/durable-write.js";
+import type { ShimProcess } from "../test/support/shim-process.js";
+import type { Bench } from "./lib/harness.js";
+import { ratioRow, type Row } from "./lib/report.js";
+import { callDeltas, readMetrics } from "./lib/shim-metrics.js";
+import { describe, median, round } from "./lib/stats.js";
+
+const COMMAND = ["sleep", "3600"];
+/**
+ * How often the client polls for `running`. Polling every 2 ms took enough CPU from the engine
+ * on 2 cores to slow the container's start by ~100 ms; every 20 ms it does not measurably. The
+ * change is placed midway between the last answer still `pending`…`creating` and the first
+ * `running` one, so the coarser poll adds noise (±10 ms) but no bias.
+ */
+const POLL_MS = 20;
+
+/**
+ * submit → `running` as a client sees it: POST, then GET until the status is `running`. The
+ * shim's engine calls in that window are added to `calls` (read from /metrics outside it).
+ */
+async function shimTrial(
+  bench: Bench,
+  shim: ShimProcess,
+  name: string,
+  calls: Map<string, number>,
+): Promise<number> {
+  const before = await readMetrics(shim);
+  const started = performance.now();
+  await shim.submit(bench.taskConfig(name, COMMAND));
+  let notYet = performance.now();
+  for (;;) {
+    const task = await shim.task(name);
+    const answered = performance.now();
+    if (task.status === "running") {
+      const elapsed = (notYet + answered) / 2 - started;
+      for (const [op, n] of callDeltas(before, await readMetrics(shim)))
+        calls.set(op, (calls.get(op) ?? 0) + n);
+      await bench.removeTasks(shim, [name]);
+      return elapsed;
+    }
+    if (task.status === "terminated")
+      throw new Error(`B1 task ${name} terminated: ${task.termination_message}`);
+    notYet = answered;
+    await sleep(POLL_MS);
+  }
+}
+
+/** The same container created and started directly through the Engine API. */
+async function baselineTrial(bench: Bench): Promise<number> {
+  const spec = await bench.baselineSpec(bench.baselineName("b1"), COMMAND);
+  const started = performance.now();
+  const id = await bench.baselineRun(spec);
+  const elapsed = performance.now() - started;
+  await bench.removeContainers([id]);
+  return elapsed;
+}
+
+/**
+ * A reference for the shim's share: the latency of one durable write (the shim's own
+ * writeFileDurably: temp file, fsync, rename, fsync of the directory) on the shim homes'
+ * file system, now. A task's start writes task.json durably six times (pending, preparing,
+ * pulling, creating, container id, running) before the client sees `running`.
+ */
+async function noteDurableWrites(bench: Bench): Promise<void> {
+  const dir = await bench.tempDir("taskshim-bench-fsync-");
+  const times: number[] = [];
+  const body = JSON.stringify({ padding: "x".repeat(2_000) });
+  for (let i = 0; i < 20; i++) {
+    const started = performance.now();
+    await writeFileDurably(join(dir, "task.json"), body);
+    times.push(performance.now() - started);
+  }
+  bench.note(`B1 reference: one durable write of task.json ${describe(times, " ms")}`);
+}
+
+/**
+ * B1: submit → `running` latency, p50 over sequential tasks, beside the same image created and
+ * started directly through the Engine API. The two kinds of trial alternate (ABBA…) so that
+ * drift of a shared, noisy machine hits both alike; each task is removed before the next.
+ */
+export async function runB1(bench: Bench): Promise<Row[]> {
+  const trials = bench.quick ? 6 : 30;
+  const warmup = bench.quick ? 1 : 2;
+  const shim = await bench.startShim();
+  const shimTimes: number[] = [];
+  const baseTimes: number[] = [];
+  const calls = new Map<string, number>();
+  try {
+    for (let i = 0; i < trials + warmup; i++) {
+      const order = i % 2 === 0 ? ["shim", "base"] : ["base", "shim"];
+      for (const kind of order) {
+        const ms =
+          kind === "shim"
+            ? await shimTrial(
+                bench,
+                shim,
+                bench.name("b1", i),
+                i >= warmup ? calls : new Map<string, number>(),
+              )
+            : await baselineTrial(bench);
+        if (i >= warmup) (kind === "shim" ? shimTimes : baseTimes).push(ms);
+      }
+    }
+  } finally {
+    await bench.stopShim(shim);
+  }
+  bench.note(`B1 taskshim submit→running: ${describe(shimTimes, " ms")}`);
+  bench.note(`B1 engine create+start:     ${describe(baseTimes, " ms")}`);
+  const perTask = [...calls].map(([op, n]) => `${op}: ${round(n / trials, 2)}`).join(", ");
+  bench.note(`B1 engine calls per submit → running (list: the reconciler's ticks meanwhile): ${perTask}`);
+  await noteDurableWrites(bench);
+  const taskshim = round(median(shimTimes));
+  const baseline = round(median(baseTimes));
+  const row = ratioRow({
+    id: "B1",
+    name: `submit → running latency, p50 of ${trials} sequential tasks`,
+    unit: "ms",
+    taskshim,
+    baseline,
+    target: "ratio <= 1.15",
+    pass: false,
+  });
+  return [{ ...row, pass: row.ratio !== null && row.ratio <= 1.15 }];
+}

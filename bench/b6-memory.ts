@@ -1,0 +1,77 @@
+import { setTimeout as sleep } from "node:timers/promises";
+import type { ShimProcess } from "../test/support/shim-process.js";
+import type { Bench } from "./lib/harness.js";
+import { statusMB } from "./lib/proc.js";
+import { parsePrometheus, sumOf } from "./lib/prometheus.js";
+import type { Row } from "./lib/report.js";
+import { median, round } from "./lib/stats.js";
+
+const TARGET_MB = 100;
+
+/** The shim's resident set (VmRSS, MB): the median of samples taken 500 ms apart after a settle. */
+export async function sampleRss(shim: ShimProcess, settleMs = 3_000, samples = 5): Promise<number> {
+  const pid = shim.child.pid;
+  if (pid === undefined) throw new Error("shim has no pid");
+  await sleep(settleMs);
+  const values: number[] = [];
+  for (let i = 0; i < samples; i++) {
+    values.push(await statusMB(pid, "VmRSS"));
+    await sleep(500);
+  }
+  return median(values);
+}
+
+/** V8's view of the shim's memory (from its /metrics), for the notes. */
+async function heapBreakdown(shim: ShimProcess): Promise<string> {
+  const samples = parsePrometheus((await shim.request("GET", "/metrics")).text);
+  const mb = (name: string): number => round(sumOf(samples, name) / 1e6);
+  return (
+    `V8 heap used ${mb("taskshim_nodejs_heap_size_used_bytes")} MB of ` +
+    `${mb("taskshim_nodejs_heap_size_total_bytes")} MB, external ${mb("taskshim_nodejs_external_memory_bytes")} MB`
+  );
+}
+
+/** B6 row of the idle shim (no task). */
+export async function runB6Idle(bench: Bench, shim: ShimProcess): Promise<Row> {
+  const rss = round(await sampleRss(shim));
+  const adopted = (await shim.request<{ tasks: unknown[] }>("GET", "/api/tasks")).json.tasks.length;
+  bench.note(
+    `B6 idle RSS ${rss} MB (no task of this run; ${adopted} adopted from the shared engine); ` +
+      (await heapBreakdown(shim)),
+  );
+  return {
+    id: "B6",
+    name: "memory: shim RSS, idle (no task)",
+    unit: "MB",
+    taskshim: rss,
+    baseline: null,
+    ratio: null,
+    target: `<= ${TARGET_MB} MB`,
+    pass: rss <= TARGET_MB,
+  };
+}
+
+/** B6 row of the shim with the fleet running. */
+export async function runB6Loaded(bench: Bench, shim: ShimProcess, tasks: number): Promise<Row> {
+  const rss = round(await sampleRss(shim));
+  bench.note(`B6 RSS with ${tasks} running tasks ${rss} MB; ${await heapBreakdown(shim)}`);
+  return {
+    id: "B6",
+    name: `memory: shim RSS with ${tasks} running tasks`,
+    unit: "MB",
+    taskshim: rss,
+    baseline: null,
+    ratio: null,
+    target: `<= ${TARGET_MB} MB`,
+    pass: rss <= TARGET_MB,
+  };
+}
+
+/** The shim's peak resident set so far (VmHWM) and its heap now, for the notes. */
+export async function notePeakRss(bench: Bench, shim: ShimProcess): Promise<void> {
+  const pid = shim.child.pid;
+  if (pid === undefined) return;
+  const peak = round(await statusMB(pid, "VmHWM"));
+  const now = round(await statusMB(pid, "VmRSS"));
+  bench.note(`B6 after B4/B5: peak RSS (VmHWM) ${peak} MB, RSS now ${now} MB; ${await heapBreakdown(shim)}`);
+}

@@ -1,0 +1,343 @@
+import { randomBytes } from "node:crypto";
+import { existsSync } from "node:fs";
+import { mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { setTimeout as sleep } from "node:timers/promises";
+import type Docker from "dockerode";
+import { buildContainerSpec, type ContainerParams } from "../../src/docker/container-spec.js";
+import { formatPullReference, parseImageReference } from "../../src/docker/image-ref.js";
+import { DEFAULT_VOLUME_MOUNT_ROOT } from "../../src/host/volumes.js";
+import { parseTaskConfig } from "../../src/tasks/task-config.js";
+import { hasStatusCode, testDocker } from "../../test/support/docker.js";
+import { ensureTestImages, type TestImages } from "../../test/support/images.js";
+import { ShimProcess, tempHome } from "../../test/support/shim-process.js";
+
+/** Label on every container the benchmarks create directly (the baselines). */
+export const BENCH_LABEL = "taskshim.bench";
+/** Every task and container name of a run starts with `bn-<nonce>-`. */
+export const NAME_PREFIX = "bn-";
+
+/** Wall-clock milliseconds with sub-millisecond resolution (comparable to Docker's timestamps). */
+export function wallMs(): number {
+  return performance.timeOrigin + performance.now();
+}
+
+/** Docker's RFC 3339 timestamp with nanoseconds, as wall-clock milliseconds (sub-ms kept). */
+export function dockerTimeMs(value: string): number {
+  const match = /^(.*T\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)$/.exec(value);
+  if (!match) throw new Error(`unexpected docker timestamp ${value}`);
+  const seconds = Date.parse(`${match[1]}${match[3]}`);
+  const fraction = Number(`0.${match[2] ?? "0"}`);
+  return seconds + fraction * 1000;
+}
+
+/** Runs `fn` over `items` with at most `limit` calls in flight; results keep the input order. */
+export async function mapLimit<T, R>(
+  items: readonly T[],
+  limit: number,
+  fn: (item: T, index: number) => Promise<R>,
+): Promise<R[]> {
+  const results = new Array<R>(items.length);
+  let next = 0;
+  const worker = async (): Promise<void> => {
+    while (next < items.length) {
+      const index = next++;
+      results[index] = await fn(items[index]!, index);
+    }
+  };
+  await Promise.all(Array.from({ length: Math.min(limit, items.length) }, worker));
+  return results;
+}
+
+/** `GET /api/tasks` as a map id → status; throws on a non-200 answer or a refused connection. */
+export async function taskStatuses(shim: ShimProcess): Promise<Map<string, string>> {
+  const response = await fetch(`${shim.url}/api/tasks`, { signal: AbortSignal.timeout(10_000) });
+  if (response.status !== 200) throw new Error(`GET /api/tasks: ${response.status} ${await response.text()}`);
+  const body = (await response.json()) as { tasks: { id: string; status: string }[] };
+  return new Map(body.tasks.map((t) => [t.id, t.status]));
+}
+
+/**
+ * Polls `GET /api/tasks` until every id in `ids` satisfies `done`; returns when that happened
+ * (performance.now()), estimated midway between the last answer short of it and the first one
+ * that shows it.
+ */
+export async function waitStatuses(
+  shim: ShimProcess,
+  ids: readonly string[],
+  done: (status: string | undefined) => boolean,
+  options: { pollMs?: number; timeoutMs?: number } = {},
+): Promise<number> {
+  const deadline = performance.now() + (options.timeoutMs ?? 120_000);
+  let pending = [...ids];
+  let previous = performance.now();
+  for (;;) {
+    const statuses = await taskStatuses(shim);
+    const seen = performance.now();
+    pending = pending.filter((id) => !done(statuses.get(id)));
+    if (pending.length === 0) return (previous + seen) / 2;
+    previous = seen;
+    if (seen > deadline) {
+      const sample = pending.slice(0, 5).map((id) => `${id}=${statuses.get(id) ?? "absent"}`);
+      throw new Error(`${pending.length} tasks did not get there in time (${sample.join(", ")})`);
+    }
+    await sleep(options.pollMs ?? 50);
+  }
+}
+
+/**
+ * Submits tasks running `command` in parallel batches of `batch`, each batch waited for until
+ * `running` (a task that terminates instead is an error).
+ */
+export async function startTasks(
+  bench: Bench,
+  shim: ShimProcess,
+  ids: readonly string[],
+  command: readonly string[],
+  batch = 25,
+): Promise<void> {
+  for (let i = 0; i < ids.length; i += batch) {
+    const group = ids.slice(i, i + batch);
+    await Promise.all(group.map((id) => shim.submit(bench.taskConfig(id, command))));
+    await waitStatuses(shim, group, (s) => {
+      if (s === "terminated") throw new Error("a task terminated while starting");
+      return s === "running";
+    });
+  }
+}
+
+/** Options of a shim the harness starts. */
+export interface ShimOptions {
+  readonly home?: string;
+  readonly port?: number;
+  readonly env?: NodeJS.ProcessEnv;
+  readonly waitReady?: boolean;
+}
+
+/**
+ * One benchmark run: its nonce and name prefix, the test images, the shims it started and the
+ * containers and dirs it made — all removed by {@link Bench.cleanup}, and only those.
+ */
+export class Bench {
+  readonly nonce = randomBytes(3).toString("hex");
+  readonly prefix = `${NAME_PREFIX}${this.nonce}-`;
+  readonly docker: Docker = testDocker();
+  readonly notes: string[] = [];
+  private imagesCache: TestImages | undefined;
+  private readonly shims = new Set<ShimProcess>();
+  private readonly dirs = new Set<string>();
+  private baselineSeq = 0;
+
+  constructor(readonly quick: boolean) {}
+
+  /** The local test images (built by `docker import` when missing; never pulled). */
+  get images(): TestImages {
+    if (!this.imagesCache) throw new Error("Bench.setup() not called");
+    return this.imagesCache;
+  }
+
+  async setup(): Promise<void> {
+    await this.docker.ping();
+    this.imagesCache = await ensureTestImages();
+  }
+
+  /** Progress on stderr, so stdout carries only the results. */
+  log(message: string): void {
+    process.stderr.write(`[bench ${new Date().toISOString().slice(11, 19)}] ${message}\n`);
+  }
+
+  /** A detail line printed under the table (how a figure came about). */
+  note(line: string): void {
+    this.notes.push(line);
+    this.log(line);
+  }
+
+  /** A task (and container) name of this run: `bn-<nonce>-<kind>-<i>`. */
+  name(kind: string, index: number | string): string {
+    return `${this.prefix}${kind}-${index}`;
+  }
+
+  /** A submit body: the busybox image running `command`, host network (the shim's default). */
+  taskConfig(name: string, command: readonly string[]): Record<string, unknown> {
+    return { id: name, name, image_name: this.images.busybox, command };
+  }
+
+  /** A temp dir removed by the cleanup. */
+  async tempDir(prefix: string): Promise<string> {
+    const dir = await mkdtemp(join(tmpdir(), prefix));
+    this.dirs.add(dir);
+    return dir;
+  }
+
+  /** Starts the built shim as a child process on a new temp home (unless given). */
+  async startShim(options: ShimOptions = {}): Promise<ShimProcess> {
+    const home = options.home ?? (await tempHome("taskshim-bench-"));
+    this.dirs.add(home);
+    const logLevel = process.env.BENCH_SHIM_LOG_LEVEL;
+    const env = { ...(logLevel ? { DSTACK_SHIM_LOG_LEVEL: logLevel } : {}), ...options.env };
+    const bundle = process.env.BENCH_SHIM_BUNDLE;
+    const shim = await ShimProcess.start({
+      home,
+      ...(bundle ? { bundle } : {}),
+      ...(options.port !== undefined ? { port: options.port } : {}),
+      env,
+      waitReady: false,
+    });
+    this.shims.add(shim);
+    if (options.waitReady !== false) await shim.waitReady();
+    return shim;
+  }
+
+  /** `kill -9` of a shim; its containers keep running. */
+  async killShim(shim: ShimProcess): Promise<void> {
+    await shim.kill();
+    this.shims.delete(shim);
+    await this.keepLogs(shim);
+  }
+
+  /** Graceful stop (SIGTERM) of a shim; its containers keep running. */
+  async stopShim(shim: ShimProcess): Promise<void> {
+    await shim.stop().catch(() => shim.kill());
+    this.shims.delete(shim);
+    await this.keepLogs(shim);
+  }
+
+  /** With BENCH_SHIM_LOG_DIR set, each shim's output is kept there (for diagnosis). */
+  private async keepLogs(shim: ShimProcess): Promise<void> {
+    const dir = process.env.BENCH_SHIM_LOG_DIR;
+    if (!dir) return;
+    await mkdir(dir, { recursive: true });
+    await writeFile(join(dir, `shim-${shim.child.pid}.log`), shim.logs);
+  }
+
+  /** Terminates (stop timeout 0) and removes tasks through the API, `limit` at a time. */
+  async removeTasks(shim: ShimProcess, ids: readonly string[], limit = 16): Promise<void> {
+    await mapLimit(ids, limit, async (id) => {
+      await shim.terminate(id, "terminated_by_user", "benchmark cleanup", 0);
+      const removed = await shim.remove(id);
+      if (removed.status !== 200 && removed.status !== 404)
+        throw new Error(`remove ${id}: ${removed.status} ${removed.text}`);
+    });
+  }
+
+  /**
+   * The create body the shim sends for a task (same image reference, entrypoint, mounts, host
+   * network, restart policy), built by the shim's own `buildContainerSpec`, with the bench label
+   * instead of the shim's task labels so that no shim adopts the container.
+   */
+  async baselineSpec(name: string, command: readonly string[]): Promise<Docker.ContainerCreateOptions> {
+    const { config } = parseTaskConfig(this.taskConfig(name, command));
+    const runnerDir = join(await this.tempDir("taskshim-bench-runner-"), "runner");
+    await mkdir(runnerDir, { mode: 0o755 });
+    const params: ContainerParams = {
+      runnerBinaryPath: "/usr/local/bin/dstack-runner",
+      runnerHttpPort: 10999,
+      runnerSshPort: 10022,
+      runnerLogLevel: "info",
+      runnerSshLogLevel: "",
+      baseEnv: [],
+      privileged: false,
+      pjrtDevice: "",
+      volumeMountRoot: DEFAULT_VOLUME_MOUNT_ROOT,
+      infiniband: existsSync("/dev/infiniband"),
+    };
+    const spec = buildContainerSpec({
+      config: { ...config, image_name: formatPullReference(parseImageReference(config.image_name)) },
+      containerName: name,
+      runnerDir,
+      params,
+      gpu: undefined,
+    });
+    return { ...spec.body, name: spec.name, Labels: { [BENCH_LABEL]: "1" } };
+  }
+
+  /** Creates and starts a baseline container through the Engine API; returns its id. */
+  async baselineRun(spec: Docker.ContainerCreateOptions): Promise<string> {
+    const container = await this.docker.createContainer(spec);
+    await container.start();
+    return container.id;
+  }
+
+  /** A fresh baseline container name. */
+  baselineName(kind: string): string {
+    return this.name(`${kind}-base`, ++this.baselineSeq);
+  }
+
+  /** Force-removes containers by id, `limit` at a time (gone already is fine). */
+  async removeContainers(ids: readonly string[], limit = 16): Promise<void> {
+    await mapLimit(ids, limit, async (id) => {
+      try {
+        await this.docker.getContainer(id).remove({ force: true, v: true });
+      } catch (error) {
+        if (!hasStatusCode(error, 404) && !hasStatusCode(error, 409)) throw error;
+      }
+    });
+  }
+
+  /** The containers of this run (by name prefix): every one of them was made by the run. */
+  async ownContainers(): Promise<Docker.ContainerInfo[]> {
+    const listed = await this.docker.listContainers({ all: true, filters: { name: [this.prefix] } });
+    return listed.filter((c) => (c.Names ?? []).some((n) => n.replace(/^\//, "").startsWith(this.prefix)));
+  }
+
+  /**
+   * Stops every shim still running, removes this run's containers and temp dirs. Each step is
+   * attempted even if an earlier one failed; container removal is retried (the engine may be
+   * restarting). Throws the first error once everything was tried.
+   */
+  async cleanup(): Promise<void> {
+    const errors: unknown[] = [];
+    for (const shim of [...this.shims])
+      await this.stopShim(shim).catch((error: unknown) => errors.push(error));
+    for (let attempt = 1; ; attempt++) {
+      try {
+        const own = await this.ownContainers();
+        if (own.length > 0) this.log(`cleanup: removing ${own.length} containers`);
+        await this.removeContainers(own.map((c) => c.Id));
+        break;
+      } catch (error) {
+        if (attempt === 5) {
+          errors.push(error);
+          break;
+        }
+        this.log(`cleanup: ${String(error)}; retrying`);
+        await sleep(3_000);
+      }
+    }
+    for (const dir of this.dirs)
+      await rm(dir, { recursive: true, force: true }).catch((e: unknown) => errors.push(e));
+    this.dirs.clear();
+    if (errors.length > 0) throw errors[0] instanceof Error ? errors[0] : new Error(String(errors[0]));
+  }
+
+  /** SIGKILLs every shim still running (process exit path; containers are swept by cleanup). */
+  killAllNow(): void {
+    for (const shim of this.shims) shim.child.kill("SIGKILL");
+  }
+}
+
+/**
+ * Removes the `bn-` containers of earlier, aborted runs (`npm run bench -- --sweep`): task
+ * containers of a shim named `bn-…` and containers with the bench label. Opt-in, because a
+ * benchmark running at the same time would lose its containers.
+ */
+export async function sweepStale(docker: Docker): Promise<number> {
+  const [tasks, labelled] = await Promise.all([
+    docker.listContainers({ all: true, filters: { label: ["ai.dstack.shim.is-task=true"] } }),
+    docker.listContainers({ all: true, filters: { label: [`${BENCH_LABEL}=1`] } }),
+  ]);
+  const ids = new Set(
+    [...tasks, ...labelled]
+      .filter((c) => (c.Names ?? []).some((n) => n.replace(/^\//, "").startsWith(NAME_PREFIX)))
+      .map((c) => c.Id),
+  );
+  await mapLimit([...ids], 16, async (id) => {
+    try {
+      await docker.getContainer(id).remove({ force: true, v: true });
+    } catch (error) {
+      if (!hasStatusCode(error, 404) && !hasStatusCode(error, 409)) throw error;
+    }
+  });
+  return ids.size;
+}

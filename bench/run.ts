@@ -1,0 +1,143 @@
+import { resolve } from "node:path";
+import { parseArgs } from "node:util";
+import { runB1 } from "./b1-submit-latency.js";
+import { runB2 } from "./b2-exit-detection.js";
+import { runB3 } from "./b3-recovery.js";
+import { noteIdleCpu, runB4 } from "./b4-steady-state.js";
+import { runB5 } from "./b5-api-throughput.js";
+import { notePeakRss, runB6Idle, runB6Loaded } from "./b6-memory.js";
+import { runB7 } from "./b7-burst.js";
+import { Bench, sweepStale } from "./lib/harness.js";
+import { Fleet } from "./lib/fleet.js";
+import { markdownTable, writeResults, type Row } from "./lib/report.js";
+
+/*
+ * `npm run bench -- [--quick] [--only B1,B5] [--tasks N] [--strict]`, `npx tsx bench/run.ts --sweep`
+ *
+ * Runs the benchmarks of BENCHMARKS.md against the built shim (dist/taskshim.cjs) and the local
+ * Docker Engine, prints a markdown table on stdout (progress goes to stderr) and writes
+ * bench/results/latest.json. Everything a run creates is named `bn-<nonce>-…` and removed at
+ * the end, also on failure or Ctrl-C.
+ */
+
+const RESULTS = resolve(import.meta.dirname, "results/latest.json");
+const ALL = ["B1", "B2", "B3", "B4", "B5", "B6", "B7"] as const;
+
+const { values } = parseArgs({
+  options: {
+    quick: { type: "boolean", default: false },
+    only: { type: "string" },
+    strict: { type: "boolean", default: false },
+    sweep: { type: "boolean", default: false },
+    tasks: { type: "string" },
+  },
+});
+
+const selected = new Set(
+  values.only
+    ? values.only
+        .toUpperCase()
+        .split(",")
+        .map((s) => s.trim())
+    : ALL,
+);
+const unknown = [...selected].filter((id) => !(ALL as readonly string[]).includes(id));
+if (unknown.length > 0) {
+  process.stderr.write(`unknown benchmark(s): ${unknown.join(", ")} (use ${ALL.join(",")})\n`);
+  process.exit(2);
+}
+
+const bench = new Bench(values.quick);
+if (values.sweep) {
+  process.stderr.write(`removed ${await sweepStale(bench.docker)} bn- containers of earlier runs\n`);
+  process.exit(0);
+}
+const fleetSize = values.tasks ? Number(values.tasks) : bench.quick ? 50 : 200;
+if (!Number.isInteger(fleetSize) || fleetSize < 10) {
+  process.stderr.write(`--tasks: expected an integer >= 10\n`);
+  process.exit(2);
+}
+
+let cleaning: Promise<void> | undefined;
+const cleanup = (): Promise<void> => (cleaning ??= bench.cleanup());
+for (const signal of ["SIGINT", "SIGTERM"] as const) {
+  process.once(signal, () => {
+    bench.log(`${signal}: cleaning up`);
+    void cleanup().finally(() => process.exit(130));
+  });
+}
+process.once("exit", () => bench.killAllNow());
+
+async function main(): Promise<Row[]> {
+  const rows: Row[] = [];
+  await bench.setup();
+  bench.log(`run ${bench.nonce}: ${bench.quick ? "quick" : "full"}, ${[...selected].join(" ")}`);
+  const timed = async (id: string, fn: () => Promise<Row[]>): Promise<void> => {
+    if (!selected.has(id)) return;
+    const started = performance.now();
+    bench.log(`${id}…`);
+    rows.push(...(await fn()));
+    bench.log(`${id} done in ${Math.round((performance.now() - started) / 1000)} s`);
+  };
+
+  await timed("B1", () => runB1(bench));
+  await timed("B2", () => runB2(bench));
+  await timed("B7", () => runB7(bench));
+
+  if (["B3", "B4", "B5", "B6"].some((id) => selected.has(id))) {
+    // One shim with the fleet of running tasks serves B6, B4, B5 and B3, in that order:
+    // memory before any load, the quiet reconciler before the HTTP load, the kill -9 last.
+    const fleet = new Fleet(bench, await bench.startShim());
+    await timed("B6", async () => [await runB6Idle(bench, fleet.shim)]);
+    if (selected.has("B4")) await noteIdleCpu(bench, fleet.shim, bench.quick ? 4_000 : 15_000);
+    const started = performance.now();
+    bench.log(`fleet: starting ${fleetSize} tasks`);
+    await fleet.grow(fleetSize);
+    bench.log(`fleet: ${fleetSize} running in ${Math.round((performance.now() - started) / 1000)} s`);
+    await timed("B6", async () => [await runB6Loaded(bench, fleet.shim, fleetSize)]);
+    await timed("B4", () => runB4(bench, fleet));
+    if (selected.has("B5")) await fleet.grow(fleetSize); // B4 killed a few
+    await timed("B5", () => runB5(bench, fleet));
+    if (selected.has("B6")) await notePeakRss(bench, fleet.shim);
+    await timed("B3", () => runB3(bench, fleet, fleetSize));
+  }
+  return rows.sort((a, b) => a.id.localeCompare(b.id));
+}
+
+const started = performance.now();
+let rows: Row[] = [];
+let failed: Error | undefined;
+let leftovers = false;
+try {
+  rows = await main();
+} catch (error) {
+  failed = error instanceof Error ? error : new Error(String(error));
+} finally {
+  await cleanup().catch((error: unknown) => {
+    leftovers = true;
+    bench.log(
+      `cleanup failed (${String(error)}): run \`npx tsx bench/run.ts --sweep\` to remove bn- leftovers`,
+    );
+  });
+}
+if (failed !== undefined) {
+  process.stderr.write(`benchmark failed: ${failed.stack ?? failed.message}\n`);
+  process.exit(1);
+}
+
+const seconds = Math.round((performance.now() - started) / 1000);
+await writeResults(RESULTS, rows);
+const passed = rows.filter((r) => r.pass).length;
+process.stdout.write(
+  [
+    `## taskshim benchmarks (${bench.quick ? "quick: fewer tasks and trials" : "full"}; fleet of ${fleetSize} tasks)`,
+    "",
+    markdownTable(rows),
+    "",
+    ...bench.notes.map((n) => `- ${n}`),
+    "",
+    `${passed}/${rows.length} targets met; ${seconds} s; results in ${RESULTS}`,
+    "",
+  ].join("\n"),
+);
+if (leftovers || (values.strict && passed < rows.length)) process.exit(1);
