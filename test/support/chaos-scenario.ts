@@ -83,7 +83,10 @@ export class ChaosStats {
   }
 }
 
-/** The termination reasons a dstack server accepts (`JobTerminationReason`, lower case). */
+/**
+ * The termination reasons a dstack server accepts (`JobTerminationReason`, lower case). Kept
+ * apart from src/ on purpose: the oracle must not trust the list of the code it checks.
+ */
 const VALID_REASONS: ReadonlySet<string> = new Set([
   "executor_error",
   "creating_container_error",
