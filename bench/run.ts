@@ -9,6 +9,7 @@ import { notePeakRss, runB6Idle, runB6Loaded } from "./b6-memory.js";
 import { runB7 } from "./b7-burst.js";
 import { Bench, sweepStale } from "./lib/harness.js";
 import { Fleet } from "./lib/fleet.js";
+import { dockerdPid } from "./lib/proc.js";
 import { markdownTable, writeResults, type Row } from "./lib/report.js";
 
 /*
@@ -105,6 +106,7 @@ async function main(): Promise<Row[]> {
 }
 
 const started = performance.now();
+const engineAtStart = await dockerdPid();
 let rows: Row[] = [];
 let failed: Error | undefined;
 let leftovers = false;
@@ -120,10 +122,17 @@ try {
     );
   });
 }
+const engineAtEnd = await dockerdPid();
+const restarted =
+  engineAtStart !== engineAtEnd
+    ? `dockerd was restarted during the run (pid ${engineAtStart} → ${engineAtEnd}): its containers were stopped`
+    : undefined;
 if (failed !== undefined) {
   process.stderr.write(`benchmark failed: ${failed.stack ?? failed.message}\n`);
+  if (restarted) process.stderr.write(`${restarted}; run it again.\n`);
   process.exit(1);
 }
+if (restarted) bench.note(`WARNING: ${restarted}; these results are not valid.`);
 
 const seconds = Math.round((performance.now() - started) / 1000);
 await writeResults(RESULTS, rows);

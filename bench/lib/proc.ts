@@ -1,5 +1,5 @@
 import { execFileSync } from "node:child_process";
-import { readFile } from "node:fs/promises";
+import { readdir, readFile } from "node:fs/promises";
 
 let clockTicks: number | undefined;
 
@@ -33,4 +33,16 @@ export async function statusMB(pid: number, field: "VmRSS" | "VmHWM"): Promise<n
   const match = new RegExp(`^${field}:\\s+(\\d+)\\s+kB$`, "m").exec(status);
   if (!match?.[1]) throw new Error(`no ${field} in /proc/${pid}/status`);
   return (Number(match[1]) * 1024) / 1e6;
+}
+
+/** The pid of the local dockerd (found in /proc), or undefined (remote engine, or none). */
+export async function dockerdPid(): Promise<number | undefined> {
+  for (const entry of await readdir("/proc")) {
+    if (!/^\d+$/.test(entry)) continue;
+    const argv0 = await readFile(`/proc/${entry}/cmdline`, "utf8")
+      .then((c) => c.split("\0")[0] ?? "")
+      .catch(() => "");
+    if (/(^|\/)dockerd$/.test(argv0)) return Number(entry);
+  }
+  return undefined;
 }
