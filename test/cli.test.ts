@@ -493,7 +493,7 @@ describe("taskshim tasks watch", () => {
     const { id, name } = newTask("watch");
     const watcher = spawn(
       process.execPath,
-      [SHIM_BUNDLE, "tasks", "watch", "--json", "--interval", "50", "--timeout", "10", "--shim", shim.url],
+      [SHIM_BUNDLE, "tasks", "watch", "--json", "--interval", "50", "--timeout", "20", "--shim", shim.url],
       { stdio: ["ignore", "pipe", "pipe"] },
     );
     let stdout = "";
