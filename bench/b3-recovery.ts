@@ -1,8 +1,7 @@
-import { setTimeout as sleep } from "node:timers/promises";
 import { execFile } from "node:child_process";
+import { setTimeout as sleep } from "node:timers/promises";
 import { promisify } from "node:util";
-import type { ShimProcess } from "../test/support/shim-process.js";
-import { SHIM_BUNDLE } from "../test/support/shim-process.js";
+import { SHIM_BUNDLE, type ShimProcess } from "../test/support/shim-process.js";
 import { mapLimit, wallMs, type Bench } from "./lib/harness.js";
 import type { Fleet } from "./lib/fleet.js";
 import type { Row } from "./lib/report.js";

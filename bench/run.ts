@@ -1,3 +1,5 @@
+import { execFileSync } from "node:child_process";
+import { cpus, loadavg } from "node:os";
 import { resolve } from "node:path";
 import { parseArgs } from "node:util";
 import { runB1 } from "./b1-submit-latency.js";
@@ -69,6 +71,18 @@ for (const signal of ["SIGINT", "SIGTERM"] as const) {
 }
 process.once("exit", () => bench.killAllNow());
 
+/** Which source the shim under test was built from (git commit, and whether src/ had changes). */
+function shimSource(): string {
+  try {
+    const git = (args: string[]): string => execFileSync("git", args, { encoding: "utf8" }).trim();
+    const head = git(["rev-parse", "--short", "HEAD"]);
+    const dirty = git(["status", "--porcelain", "--", "src"]) !== "";
+    return `shim built from ${head}${dirty ? " plus uncommitted changes in src/" : ""}`;
+  } catch {
+    return "shim built from an unknown revision";
+  }
+}
+
 async function main(): Promise<Row[]> {
   const rows: Row[] = [];
   await bench.setup();
@@ -107,6 +121,7 @@ async function main(): Promise<Row[]> {
 
 const started = performance.now();
 const engineAtStart = await dockerdPid();
+const built = shimSource();
 let rows: Row[] = [];
 let failed: Error | undefined;
 let leftovers = false;
@@ -140,6 +155,10 @@ const passed = rows.filter((r) => r.pass).length;
 process.stdout.write(
   [
     `## taskshim benchmarks (${bench.quick ? "quick: fewer tasks and trials" : "full"}; fleet of ${fleetSize} tasks)`,
+    "",
+    `${built}; ${cpus().length} CPUs, load average at the end ${loadavg()
+      .map((l) => l.toFixed(1))
+      .join(" ")}.`,
     "",
     markdownTable(rows),
     "",

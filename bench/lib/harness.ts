@@ -175,7 +175,12 @@ export class Bench {
     const home = options.home ?? (await tempHome("taskshim-bench-"));
     this.dirs.add(home);
     const logLevel = process.env.BENCH_SHIM_LOG_LEVEL;
-    const env = { ...(logLevel ? { DSTACK_SHIM_LOG_LEVEL: logLevel } : {}), ...options.env };
+    const nodeOptions = process.env.BENCH_SHIM_NODE_OPTIONS;
+    const env = {
+      ...(logLevel ? { DSTACK_SHIM_LOG_LEVEL: logLevel } : {}),
+      ...(nodeOptions ? { NODE_OPTIONS: nodeOptions } : {}),
+      ...options.env,
+    };
     const bundle = process.env.BENCH_SHIM_BUNDLE;
     const shim = await ShimProcess.start({
       home,

@@ -43,5 +43,15 @@ export function markdownTable(rows: readonly Row[]): string {
 /** Writes the rows as a JSON array (the contract of `bench/results/latest.json`). */
 export async function writeResults(path: string, rows: readonly Row[]): Promise<void> {
   await mkdir(dirname(path), { recursive: true });
-  await writeFile(path, `${JSON.stringify(rows, null, 2)}\n`);
+  const ordered = rows.map(({ id, name, unit, taskshim, baseline, ratio, target, pass }) => ({
+    id,
+    name,
+    unit,
+    taskshim,
+    baseline,
+    ratio,
+    target,
+    pass,
+  }));
+  await writeFile(path, `${JSON.stringify(ordered, null, 2)}\n`);
 }
