@@ -4,13 +4,11 @@ import { join } from "node:path";
 import fc from "fast-check";
 import type { InjectOptions } from "fastify";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { ComponentService } from "../components/component-service.js";
 import type { InstanceMountPoint } from "../host/volumes.js";
 import { HostVolumes } from "../host/volumes.js";
 import { FakeCommandRunner, makeContext, sshEd25519PublicKey, type TestEnv } from "../runner/test-support.js";
-import { VERSION } from "../version.js";
-import { ShimMetrics } from "./metrics.js";
-import { buildApi } from "./server.js";
+import type { buildApi } from "./server.js";
+import { buildTestApi } from "./test-api.js";
 
 /*
  * Property-based fuzzing of the whole HTTP edge with a fake engine: random and malicious
@@ -240,24 +238,7 @@ beforeAll(async () => {
     commands,
     volumes: new RecordingVolumes(commands, { mountRoot: join(home, "volumes") }),
   });
-  const components = new ComponentService(
-    { runner: join(home, "bin", "dstack-runner"), shim: join(home, "bin", "dstack-shim") },
-    commands,
-    env.ctx.log,
-    env.ctx.shutdown,
-  );
-  app = buildApi({
-    version: VERSION,
-    store: env.ctx.store,
-    docker: env.ctx.docker,
-    runner: env.runner,
-    reconciler: env.reconciler,
-    inventory: env.ctx.inventory,
-    components,
-    log: env.ctx.log,
-    metrics: new ShimMetrics(env.ctx.store),
-    requestShutdown: () => undefined,
-  });
+  app = buildTestApi(env, { commands });
   await app.ready();
 });
 

@@ -1,34 +1,13 @@
-import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
-import { ComponentService } from "../components/component-service.js";
-import { FakeCommandRunner, makeContext, type TestEnv } from "../runner/test-support.js";
+import { makeContext, type TestEnv } from "../runner/test-support.js";
 import { VERSION } from "../version.js";
-import { ShimMetrics } from "./metrics.js";
-import { buildApi } from "./server.js";
+import { buildTestApi } from "./test-api.js";
 
 const TOKEN = "s3cret-token-0123456789";
 let env: TestEnv;
 
 function api(authToken?: string) {
-  const components = new ComponentService(
-    { runner: join(env.home, "bin", "dstack-runner"), shim: join(env.home, "bin", "dstack-shim") },
-    new FakeCommandRunner(),
-    env.ctx.log,
-    env.ctx.shutdown,
-  );
-  return buildApi({
-    version: VERSION,
-    store: env.ctx.store,
-    docker: env.ctx.docker,
-    runner: env.runner,
-    reconciler: env.reconciler,
-    inventory: env.ctx.inventory,
-    components,
-    log: env.ctx.log,
-    metrics: new ShimMetrics(env.ctx.store),
-    requestShutdown: () => undefined,
-    ...(authToken !== undefined ? { authToken } : {}),
-  });
+  return buildTestApi(env, authToken !== undefined ? { authToken } : {});
 }
 
 beforeEach(async () => {

@@ -1,12 +1,9 @@
 import { readFileSync } from "node:fs";
-import { join } from "node:path";
 import type { InjectOptions, LightMyRequestResponse } from "fastify";
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
-import { ComponentService } from "../components/component-service.js";
 import { FakeCommandRunner, makeContext, taskBody, type TestEnv } from "../runner/test-support.js";
-import { VERSION } from "../version.js";
-import { ShimMetrics } from "./metrics.js";
-import { buildApi } from "./server.js";
+import type { buildApi } from "./server.js";
+import { buildTestApi } from "./test-api.js";
 
 const PACKAGE_VERSION = (
   JSON.parse(readFileSync(new URL("../../package.json", import.meta.url), "utf8")) as { version: string }
@@ -32,25 +29,8 @@ let componentCommands: FakeCommandRunner;
 beforeEach(async () => {
   env = await makeContext();
   componentCommands = new FakeCommandRunner();
-  const components = new ComponentService(
-    { runner: join(env.home, "bin", "dstack-runner"), shim: join(env.home, "bin", "dstack-shim") },
-    componentCommands,
-    env.ctx.log,
-    env.ctx.shutdown,
-  );
   requestShutdown = vi.fn<(force: boolean) => void>();
-  app = buildApi({
-    version: VERSION,
-    store: env.ctx.store,
-    docker: env.ctx.docker,
-    runner: env.runner,
-    reconciler: env.reconciler,
-    inventory: env.ctx.inventory,
-    components,
-    log: env.ctx.log,
-    metrics: new ShimMetrics(env.ctx.store),
-    requestShutdown,
-  });
+  app = buildTestApi(env, { commands: componentCommands, requestShutdown });
   await app.ready();
 });
 afterEach(async () => {

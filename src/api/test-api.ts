@@ -1,0 +1,38 @@
+import { join } from "node:path";
+import { ComponentService } from "../components/component-service.js";
+import type { CommandRunner } from "../exec/run-bounded.js";
+import { FakeCommandRunner, type TestEnv } from "../runner/test-support.js";
+import { VERSION } from "../version.js";
+import { ShimMetrics } from "./metrics.js";
+import { buildApi } from "./server.js";
+
+/** Options of {@link buildTestApi}. */
+export interface TestApiOptions {
+  /** Runs the components' `--version` checks (default: a fake that answers nothing). */
+  readonly commands?: CommandRunner;
+  readonly requestShutdown?: (force: boolean) => void;
+  readonly authToken?: string;
+}
+
+/** The real HTTP edge over a test context (fake engine, temp home): what the API tests inject into. */
+export function buildTestApi(env: TestEnv, options: TestApiOptions = {}): ReturnType<typeof buildApi> {
+  const components = new ComponentService(
+    { runner: join(env.home, "bin", "dstack-runner"), shim: join(env.home, "bin", "dstack-shim") },
+    options.commands ?? new FakeCommandRunner(),
+    env.ctx.log,
+    env.ctx.shutdown,
+  );
+  return buildApi({
+    version: VERSION,
+    store: env.ctx.store,
+    docker: env.ctx.docker,
+    runner: env.runner,
+    reconciler: env.reconciler,
+    inventory: env.ctx.inventory,
+    components,
+    log: env.ctx.log,
+    metrics: new ShimMetrics(env.ctx.store),
+    requestShutdown: options.requestShutdown ?? (() => undefined),
+    ...(options.authToken !== undefined ? { authToken: options.authToken } : {}),
+  });
+}
