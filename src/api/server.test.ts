@@ -100,6 +100,28 @@ describe("GET endpoints", () => {
     expect(res.json()).toEqual({ tasks: [{ id, status: "running" }] });
   });
 
+  it("answers reads serialized once per change, never a stale one", async () => {
+    const id = await submitRunning();
+    const get = async (url: string) => {
+      const res = await app.inject({ method: "GET", url });
+      expect(res.headers["content-type"]).toBe("application/json; charset=utf-8");
+      return res.json<Record<string, unknown>>();
+    };
+    expect(await get("/api/tasks")).toEqual({ tasks: [{ id, status: "running" }] });
+    expect(await get(`/api/tasks/${id}`)).toMatchObject({ status: "running", termination_reason: "" });
+    env.ctx.store.modify(id, (d) => {
+      d.status = "terminated";
+      d.terminationReason = "done_by_runner";
+    });
+    expect(await get("/api/tasks")).toEqual({ tasks: [{ id, status: "terminated" }] });
+    expect(await get(`/api/tasks/${id}`)).toMatchObject({
+      status: "terminated",
+      termination_reason: "done_by_runner",
+    });
+    env.ctx.store.delete(id);
+    expect(await get("/api/tasks")).toEqual({ tasks: [] });
+  });
+
   it("task info has exactly the TaskInfoResponse keys", async () => {
     const id = await submitRunning({ gpu: 1 });
     const res = await app.inject({ method: "GET", url: `/api/tasks/${id}` });

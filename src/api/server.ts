@@ -31,7 +31,7 @@ import {
   TaskList,
   TerminateBody,
 } from "./schemas.js";
-import { taskInfo } from "./wire.js";
+import { taskInfo, taskInfoJson } from "./wire.js";
 
 /** What the HTTP edge needs from the rest of the shim. */
 export interface ApiDeps {
@@ -55,6 +55,11 @@ const ALL_METHODS: HTTPMethods[] = ["GET", "POST", "PUT", "DELETE", "PATCH", "HE
 const MAX_LOG_TAIL = 10_000;
 // eslint-disable-next-line no-control-regex
 const CONTROL = /[\u0000-\u0008\u000b-\u001f\u007f]/;
+
+/** Sends JSON text serialized beforehand (fastify sends a string as it is). */
+function sendJson(reply: FastifyReply, json: string): FastifyReply {
+  return reply.header("content-type", "application/json; charset=utf-8").send(json);
+}
 
 function sendText(reply: FastifyReply, status: number, message: string): FastifyReply {
   return reply
@@ -126,6 +131,7 @@ export function buildApi(deps: ApiDeps) {
   });
 
   const id = (request: FastifyRequest): string => (request.params as { id: string }).id;
+  let taskList = { generation: -1, json: "" };
   const routes: ApiRoute[] = [
     {
       method: "GET",
@@ -192,7 +198,14 @@ export function buildApi(deps: ApiDeps) {
       url: "/api/tasks",
       summary: "Every task's id and status",
       response: TaskList,
-      handler: () => ({ tasks: deps.store.list().map((t) => ({ id: t.id, status: t.status })) }),
+      handler: (_request, reply) => {
+        // Serialized again only after a change: control planes poll this for every task.
+        if (taskList.generation !== deps.store.generation) {
+          const tasks = deps.store.list().map((t) => ({ id: t.id, status: t.status }));
+          taskList = { generation: deps.store.generation, json: JSON.stringify({ tasks }) };
+        }
+        return sendJson(reply, taskList.json);
+      },
     },
     {
       method: "POST",
@@ -212,7 +225,7 @@ export function buildApi(deps: ApiDeps) {
       response: TaskInfo,
       handler: (request, reply) => {
         const task = deps.store.get(id(request));
-        return task ? taskInfo(task) : sendText(reply, 404, "Not Found");
+        return task ? sendJson(reply, taskInfoJson(task)) : sendText(reply, 404, "Not Found");
       },
     },
     {

@@ -31,3 +31,18 @@ export function taskInfo(task: Task): TaskInfoResponse {
     gpus_ids: task.status === "pending" ? null : task.gpuIds,
   };
 }
+
+const infoBodies = new WeakMap<Task, string>();
+
+/**
+ * `taskInfo` as JSON text. Snapshots are immutable, so each is serialized once however often
+ * a control plane polls it (the hot path of the API).
+ */
+export function taskInfoJson(task: Task): string {
+  let body = infoBodies.get(task);
+  if (body === undefined) {
+    body = JSON.stringify(taskInfo(task));
+    infoBodies.set(task, body);
+  }
+  return body;
+}

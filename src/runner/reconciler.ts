@@ -1,11 +1,20 @@
 import { setTimeout as sleep } from "node:timers/promises";
+import pLimit from "p-limit";
 import type { ContainerState, TaskContainerSummary } from "../docker/docker-client.js";
 import type { Task } from "../tasks/task.js";
 import { LAST_LOG_LINES, type RunnerContext } from "./runner-context.js";
 import type { TaskRunner } from "./task-runner.js";
 
-/** How often the safety-net list runs. */
-export const RECONCILE_INTERVAL_MS = 1_000;
+/**
+ * How often the safety-net list starts (fixed rate: a slow tick does not push the next one
+ * back). Under a second so that, with the event stream lost, an exit is still final within
+ * 1.1 s: the engine itself needs 50-200 ms after the exit before its list shows it.
+ */
+export const RECONCILE_INTERVAL_MS = 850;
+/** Tasks a tick works on at once (inspect, log tail, commit, release of exited containers). */
+const TICK_CONCURRENCY = 8;
+/** The least pause between two ticks, so a slow engine is not listed back to back. */
+const MIN_TICK_GAP_MS = 200;
 /** With no task to reconcile, the engine is still pinged this often, so health stays honest. */
 const IDLE_PROBE_MS = 5_000;
 /** Back-off before reconnecting a dropped event stream. */
@@ -98,10 +107,16 @@ export class Reconciler {
       const byTask = new Map(containers.map((c) => [c.taskId, c]));
       const suspects = new Set(this.suspects);
       this.suspects.clear();
-      for (const task of candidates) {
-        if (this.ctx.shutdown.aborted) return;
-        await this.processTask(task.id, byTask.get(task.id), suspects.has(task.id));
-      }
+      // Exits that land together are finalized together, not one after another.
+      const limit = pLimit(TICK_CONCURRENCY);
+      await Promise.all(
+        candidates.map((task) =>
+          limit(async () => {
+            if (!this.ctx.shutdown.aborted)
+              await this.processTask(task.id, byTask.get(task.id), suspects.has(task.id));
+          }),
+        ),
+      );
     } finally {
       this.stats.lastTickMs = performance.now() - started;
       this.ctx.observer?.tickDone(this.stats.lastTickMs / 1000);
@@ -246,15 +261,17 @@ export class Reconciler {
     await this.runner.release(task.id);
   }
 
-  /** Ticks every second (or at once when kicked) until the shutdown signal aborts. */
+  /** Ticks every RECONCILE_INTERVAL_MS (or at once when kicked) until the shutdown signal aborts. */
   async run(): Promise<void> {
     const { shutdown, log } = this.ctx;
     while (!shutdown.aborted) {
       this.kicked = false;
+      const started = performance.now();
       await this.tick().catch((error: unknown) => log.error({ err: error }, "reconcile tick failed"));
       if (this.kicked || shutdown.aborted) continue;
+      const wait = Math.max(MIN_TICK_GAP_MS, RECONCILE_INTERVAL_MS - (performance.now() - started));
       await new Promise<void>((resolve) => {
-        const timer = setTimeout(done, RECONCILE_INTERVAL_MS);
+        const timer = setTimeout(done, wait);
         function done(): void {
           clearTimeout(timer);
           shutdown.removeEventListener("abort", done);
@@ -270,7 +287,7 @@ export class Reconciler {
 
   /**
    * Follows the engine's event stream and kicks a tick when a task container dies, so an exit
-   * is seen in milliseconds; the 1 s list remains the safety net. A dropped stream reconnects.
+   * is seen in milliseconds; the periodic list remains the safety net. A dropped stream reconnects.
    */
   async followEvents(): Promise<void> {
     const { docker, shutdown, log } = this.ctx;

@@ -7,6 +7,7 @@ import { UnsupportedTaskStateVersionError, type TaskState } from "../state/task-
 import { newTask, type Task } from "../tasks/task.js";
 import { parseTaskConfig } from "../tasks/task-config.js";
 import type { TaskStatus } from "../tasks/task-status.js";
+import { deleteRegistryAuth } from "./registry-auth-file.js";
 import type { RunnerContext } from "./runner-context.js";
 
 /** What startup found and did, for logs and metrics. */
@@ -130,6 +131,9 @@ export async function restoreTasks(ctx: RunnerContext): Promise<RestoreReport> {
     });
     if (status === "creating") resumed.push(taskId);
     if (stored?.state.status !== undefined && stored.state.status !== status) changed.push(taskId);
+    // A start cut after its container started: the pull it kept credentials for is over.
+    if (status !== "creating" && stored && PRE_CONTAINER.includes(stored.state.status ?? "running"))
+      await deleteRegistryAuth(stored.dir);
   }
 
   for (const [taskId, { dir, state }] of states) {

@@ -9,10 +9,13 @@ export class TaskPersistError extends Error {
 
 /**
  * Writes task.json for a task, one write at a time per task. Each write snapshots the task
- * as stored *when it runs*, so a slow earlier write can never land after a newer one.
+ * as stored *when it runs*, so a slow earlier write can never land after a newer one, and
+ * requests that arrive while a write is already queued share it (it will carry their change).
  */
 export class TaskPersister {
   private readonly chains = new Map<string, Promise<void>>();
+  /** Per task, the write queued behind the one in flight and not started yet. */
+  private readonly queued = new Map<string, Promise<void>>();
 
   constructor(
     private readonly store: TaskStore,
@@ -22,10 +25,13 @@ export class TaskPersister {
 
   /** Persists the task's current state; resolves once it is durable. A deleted task is skipped. */
   persist(id: string): Promise<void> {
+    const waiting = this.queued.get(id);
+    if (waiting) return waiting;
     const previous = this.chains.get(id) ?? Promise.resolve();
     const next = previous
       .catch(() => undefined)
       .then(async () => {
+        this.queued.delete(id);
         const task = this.store.get(id);
         if (!task || task.taskDir === "" || task.foreign) return;
         try {
@@ -38,6 +44,7 @@ export class TaskPersister {
         }
       });
     this.chains.set(id, next);
+    this.queued.set(id, next);
     void next
       .finally(() => {
         if (this.chains.get(id) === next) this.chains.delete(id);

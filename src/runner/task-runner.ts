@@ -128,7 +128,10 @@ export class TaskRunner {
   /** Starts (or resumes) a task without waiting; `awaitStarts` collects the promises. */
   startInBackground(id: string): void {
     if (this.starts.has(id)) return;
-    const run = this.start(id)
+    // From the next turn of the event loop: the submit's answer goes out before the start's
+    // first step (whose state is written without waiting) can run.
+    const run = new Promise<void>((resolve) => setImmediate(resolve))
+      .then(() => this.start(id))
       .catch((error: unknown) => this.ctx.log.error({ taskId: id, err: error }, "start failed unexpectedly"))
       .finally(() => this.starts.delete(id));
     this.starts.set(id, run);
@@ -145,17 +148,27 @@ export class TaskRunner {
   }
 
   /**
-   * Moves a task forward to `status` unless it is already there or beyond; throws
-   * `StartAbandoned` once the task was terminated or removed underneath the start.
+   * Moves a starting task forward without waiting for the write. A restart resumes `pending`
+   * up to `creating` alike (every step is idempotent and a container made before the restart
+   * is found by name), and what is taken meanwhile is written when it is taken (GPU ids), so
+   * these writes only keep the status a restart shows current. The `running` commit waits for
+   * them. (The failpoint fires before the write is durable.)
    */
-  private async advance(id: string, fn: (d: TaskDraft) => void, status?: TaskStatus): Promise<Task> {
+  private async step(id: string, status: "preparing" | "pulling" | "creating"): Promise<void> {
+    this.checkStillWanted(id);
+    this.ctx.store.modify(id, (d) => {
+      d.startInFlight = true;
+      if (statusRank(status) > statusRank(d.status)) d.status = status;
+    });
+    this.persister.persist(id).catch(() => undefined);
+    await failpoint(`after-state:${status}`);
+  }
+
+  /** Throws `StartAbandoned` once the task was terminated or removed underneath the start. */
+  private checkStillWanted(id: string): void {
     const current = this.ctx.store.get(id);
     if (!current) throw new StartAbandoned("task removed");
     if (current.status === "terminated") throw new StartAbandoned("task terminated");
-    return this.commit(id, (d) => {
-      fn(d);
-      if (status && statusRank(status) > statusRank(d.status)) d.status = status;
-    });
   }
 
   /**
@@ -168,12 +181,15 @@ export class TaskRunner {
     if (!initial || initial.status === "terminated" || initial.status === "running") return;
     let started = false;
     try {
-      await this.advance(id, (d) => (d.startInFlight = true), "preparing");
+      await this.step(id, "preparing");
       await this.prepare(id);
-      await this.advance(id, () => undefined, "pulling");
+      await this.step(id, "pulling");
       await this.pull(id);
-      await this.advance(id, () => undefined, "creating");
+      await this.step(id, "creating");
       await this.createAndStart(id);
+      // The credentials were kept only to resume the pull after a restart; once `running` is
+      // durable, a restart no longer pulls.
+      await deleteRegistryAuth(store.mustGet(id).taskDir);
       started = true;
     } catch (error) {
       if (error instanceof StartAbandoned || error instanceof TaskNotFoundError) {
@@ -222,10 +238,13 @@ export class TaskRunner {
       }
       await failpoint("after-gpu-acquire");
       // Committed at once, so a concurrent terminate or a failure releases exactly these.
-      await this.advance(id, (d) => (d.gpuIds = ids)).catch((error: unknown) => {
+      try {
+        this.checkStillWanted(id);
+        await this.commit(id, (d) => (d.gpuIds = ids));
+      } catch (error) {
         gpuLock.release(ids);
         throw error;
-      });
+      }
     }
     if (config.host_ssh_keys.length > 0) {
       try {
@@ -266,6 +285,10 @@ export class TaskRunner {
     try {
       const ref = parseImageReference(task.config.image_name);
       pullRef = formatPullReference(ref);
+      if (!isLatestOrUntagged(ref) && (await docker.imageExists(pullRef))) {
+        log.debug({ taskId: id, image: pullRef }, "image present, pull skipped");
+        return;
+      }
       const creds = await readRegistryAuth(task.taskDir);
       if (creds)
         auth = {
@@ -273,10 +296,6 @@ export class TaskRunner {
           password: creds.password,
           serveraddress: registryServerAddress(ref),
         };
-      if (!isLatestOrUntagged(ref) && (await docker.imageExists(pullRef))) {
-        log.debug({ taskId: id, image: pullRef }, "image present, pull skipped");
-        return;
-      }
     } catch (cause) {
       throw new StartStepError("creating_container_error", `pullImage error: ${(cause as Error).message}`, {
         cause,
@@ -333,8 +352,6 @@ export class TaskRunner {
       bounded.dispose();
       this.pulls.delete(id);
       await new Promise<void>((resolve) => pullLog.end(resolve));
-      // The credentials were kept only to resume this pull after a restart.
-      if (!this.ctx.shutdown.aborted) await deleteRegistryAuth(task.taskDir);
     }
   }
 
@@ -348,7 +365,9 @@ export class TaskRunner {
       let task = store.get(id);
       if (!task) throw new StartAbandoned("task removed");
       if (task.status === "terminated") throw new StartAbandoned("task terminated");
-      const existing = await this.findOwnContainer(task);
+      // A task that never recorded a container is not looked up first: if a start cut by a
+      // restart did create one, the create below answers 409 and that container is adopted.
+      const existing = task.containerId !== "" ? await this.findOwnContainer(task) : undefined;
       let containerId = existing?.id ?? "";
       // Only a container that never ran is started: one that runs or ran already (its start
       // request landed after a restart) is adopted as it is, and the reconciler takes it from there.
@@ -385,7 +404,10 @@ export class TaskRunner {
           }
         }
       }
-      task = await this.commit(id, (d) => (d.containerId = containerId));
+      // Not awaited: the `running` commit below carries it too, and a restart before that finds
+      // the container by name (a create answering 409 adopts it).
+      task = store.modify(id, (d) => (d.containerId = containerId));
+      this.persister.persist(id).catch(() => undefined);
       try {
         if (needsStart) await docker.startContainer(containerId);
       } catch (cause) {

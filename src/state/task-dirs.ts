@@ -1,5 +1,6 @@
 import { chmod, mkdir, readdir, rename, rm, unlink } from "node:fs/promises";
 import { join, relative, resolve, sep } from "node:path";
+import pLimit from "p-limit";
 import { syncDirectory, tempFilePrefix } from "./durable-write.js";
 import { readTaskState, TASK_STATE_FILE, type TaskState } from "./task-state-file.js";
 
@@ -86,21 +87,25 @@ export class TaskDirs {
       if ((error as NodeJS.ErrnoException).code === "ENOENT") return [];
       throw error;
     }
-    const found: ScannedTaskDir[] = [];
-    for (const entry of entries) {
-      if (!entry.isDirectory() || entry.name.startsWith(".")) continue;
-      const dir = join(this.root, entry.name);
-      await this.sweepTempFiles(dir);
-      try {
-        found.push({ kind: "state", dir, state: await readTaskState(dir) });
-      } catch (error) {
-        const code = (error as NodeJS.ErrnoException).code;
-        found.push(
-          code === "ENOENT" ? { kind: "no-state", dir } : { kind: "unreadable", dir, error: error as Error },
-        );
-      }
+    // A few dirs at a time: read one by one, 200 task dirs held a restart back by ~0.3 s.
+    const limit = pLimit(SCAN_CONCURRENCY);
+    return Promise.all(
+      entries
+        .filter((entry) => entry.isDirectory() && !entry.name.startsWith("."))
+        .map((entry) => limit(() => this.scanOne(join(this.root, entry.name)))),
+    );
+  }
+
+  private async scanOne(dir: string): Promise<ScannedTaskDir> {
+    await this.sweepTempFiles(dir);
+    try {
+      return { kind: "state", dir, state: await readTaskState(dir) };
+    } catch (error) {
+      const code = (error as NodeJS.ErrnoException).code;
+      return code === "ENOENT"
+        ? { kind: "no-state", dir }
+        : { kind: "unreadable", dir, error: error as Error };
     }
-    return found;
   }
 
   /**
@@ -109,17 +114,23 @@ export class TaskDirs {
    * Dirs named in `keep` (a container still uses them) are left alone.
    */
   async sweepLeftovers(keep: ReadonlySet<string>): Promise<string[]> {
-    const swept: string[] = [];
     const names = await readdir(this.root).catch(() => [] as string[]);
-    for (const name of names) {
-      const dir = join(this.root, name);
-      const leftover =
-        name.startsWith(".trash-") ||
-        (!name.startsWith(".") && !keep.has(name) && (await holdsOnlyEmptyRunnerDir(dir)));
-      if (!leftover) continue;
-      await rm(dir, { recursive: true, force: true }).catch(() => undefined);
-      swept.push(dir);
-    }
+    const limit = pLimit(SCAN_CONCURRENCY);
+    const swept = (
+      await Promise.all(
+        names.map((name) =>
+          limit(async () => {
+            const dir = join(this.root, name);
+            const leftover =
+              name.startsWith(".trash-") ||
+              (!name.startsWith(".") && !keep.has(name) && (await holdsOnlyEmptyRunnerDir(dir)));
+            if (!leftover) return undefined;
+            await rm(dir, { recursive: true, force: true }).catch(() => undefined);
+            return dir;
+          }),
+        ),
+      )
+    ).filter((dir) => dir !== undefined);
     if (swept.length > 0) await syncDirectory(this.root).catch(() => undefined);
     return swept;
   }
@@ -139,6 +150,9 @@ export class TaskDirs {
     }
   }
 }
+
+/** Task dirs read at once by a scan or a sweep. */
+const SCAN_CONCURRENCY = 16;
 
 async function holdsOnlyEmptyRunnerDir(dir: string): Promise<boolean> {
   try {

@@ -138,8 +138,9 @@ export function describeBodyError(body: unknown): string | undefined {
   if (typeof body !== "object" || body === null || Array.isArray(body)) {
     return "Request body must be a JSON object";
   }
+  // Check first: Errors walks the whole body, ~10x slower, and a restart parses 200 configs.
+  if (Value.Check(TaskSubmitBodySchema, body)) return undefined;
   const first = Value.Errors(TaskSubmitBodySchema, body).find((e) => e.instancePath !== "");
-  if (!first && Value.Check(TaskSubmitBodySchema, body)) return undefined;
   const field = (first?.instancePath ?? "").split("/").filter(Boolean).join(".");
   return `Request body contains an invalid value for the "${field}" field`;
 }

@@ -75,6 +75,28 @@ describe("TaskStore: add, get, list, delete", () => {
   });
 });
 
+describe("TaskStore.generation", () => {
+  it("changes with every add, modify and delete, and only then", () => {
+    const store = new TaskStore();
+    const seen = [store.generation];
+    store.add(makeTask("t1"));
+    seen.push(store.generation);
+    store.modify("t1", (d) => (d.status = "preparing"));
+    seen.push(store.generation);
+    expect(() =>
+      store.modify("t1", () => {
+        throw new Error("no");
+      }),
+    ).toThrow("no");
+    expect(() => store.modify("t1", (d) => (d.status = "pending"))).toThrow(TransitionNotAllowedError);
+    store.delete("nope");
+    expect(store.generation).toBe(seen.at(-1));
+    store.delete("t1");
+    seen.push(store.generation);
+    expect(new Set(seen).size).toBe(4);
+  });
+});
+
 describe("TaskStore.modify: transitions", () => {
   it("walks the whole lifecycle", () => {
     const store = storeWith("pending");

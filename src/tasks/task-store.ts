@@ -27,12 +27,19 @@ export class TaskExistsError extends Error {
 export class TaskStore {
   private readonly tasks = new Map<string, Task>();
   private readonly locks = new Map<string, TaskLock>();
+  private changes = 0;
+
+  /** Grows with every add, modify and delete: equal values mean the same tasks (for caches). */
+  get generation(): number {
+    return this.changes;
+  }
 
   /** Adds a new task; throws `TaskExistsError` if the id is taken. */
   add(task: Task): Task {
     if (this.tasks.has(task.id)) throw new TaskExistsError(task.id);
     const frozen = Object.freeze({ ...task });
     this.tasks.set(task.id, frozen);
+    this.changes++;
     return frozen;
   }
 
@@ -78,12 +85,13 @@ export class TaskStore {
     }
     const next = Object.freeze(draft);
     this.tasks.set(id, next);
+    this.changes++;
     return next;
   }
 
   /** Removes a task and its lock. */
   delete(id: string): void {
-    this.tasks.delete(id);
+    if (this.tasks.delete(id)) this.changes++;
     this.locks.delete(id);
   }
 
