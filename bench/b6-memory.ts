@@ -25,9 +25,12 @@ export async function sampleRss(shim: ShimProcess, settleMs = 3_000, samples = 5
 async function heapBreakdown(shim: ShimProcess): Promise<string> {
   const samples = parsePrometheus((await shim.request("GET", "/metrics")).text);
   const mb = (name: string): number => round(sumOf(samples, name) / 1e6);
+  const space = (name: string): number =>
+    round(sumOf(samples, "taskshim_nodejs_heap_space_size_total_bytes", { space: name }) / 1e6);
   return (
     `V8 heap used ${mb("taskshim_nodejs_heap_size_used_bytes")} MB of ` +
-    `${mb("taskshim_nodejs_heap_size_total_bytes")} MB, external ${mb("taskshim_nodejs_external_memory_bytes")} MB`
+    `${mb("taskshim_nodejs_heap_size_total_bytes")} MB (new space ${space("new")} MB, old space ` +
+    `${space("old")} MB), external ${mb("taskshim_nodejs_external_memory_bytes")} MB`
   );
 }
 

@@ -93,6 +93,8 @@ export class ShimProcess {
     const child = spawn(
       process.execPath,
       [
+        // As every launch path runs it (the bundle's shebang, npm start, the systemd unit).
+        "--max-semi-space-size=2",
         options.bundle ?? SHIM_BUNDLE,
         "serve",
         "--shim-home",
