@@ -68,7 +68,7 @@ const WAIT_FOR_SIGNAL = ["sh", "-c", 'trap "exit 0" USR1; sleep 86400 & wait'];
 /**
  * Starts `count` tasks (in batches, waited for until running), lets the engine settle, then
  * makes them exit one at a time, a random 0.5–1.5 × `spacing` apart, so exits fall at random
- * phases of the 1 s reconcile loop. A poller records when `GET /api/tasks` first shows each
+ * phases of the reconcile loop. A poller records when `GET /api/tasks` first shows each
  * one terminated; the exit itself is Docker's `State.FinishedAt` (containerd's exit time).
  */
 async function measureExits(bench: Bench, shim: ShimProcess, mode: string, count: number): Promise<Exit[]> {
@@ -139,7 +139,7 @@ function explain(bench: Bench, label: string, exits: readonly Exit[]): void {
 
 /**
  * B2: container exit → the API reports `terminated`. p50 with the event stream on (the normal
- * path: a `die` event kicks a tick), p99 with it off (`TASKSHIM_NO_EVENTS=1`: only the 1 s
+ * path: a `die` event kicks a tick), p99 with it off (`TASKSHIM_NO_EVENTS=1`: only the periodic
  * list sees exits, so this is the safety net's worst case). The engine's own share (exit →
  * its `die` event reaching a plain client) is measured alongside and given in the notes.
  */
@@ -169,7 +169,7 @@ export async function runB2(bench: Bench): Promise<Row[]> {
     },
     {
       id: "B2",
-      name: `container exit → API reports terminated, p99 of ${count} exits (event stream off: 1 s list only)`,
+      name: `container exit → API reports terminated, p99 of ${count} exits (event stream off: periodic list only)`,
       unit: "ms",
       taskshim: p99,
       baseline: null,

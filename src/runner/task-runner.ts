@@ -404,10 +404,10 @@ export class TaskRunner {
           }
         }
       }
-      // Not awaited: the `running` commit below carries it too, and a restart before that finds
-      // the container by name (a create answering 409 adopts it).
+      // Written with `running` below, not now: a restart before that finds the container by name
+      // (a create answering 409 adopts it), and a write racing the engine's own fsyncs during
+      // the start slowed the start itself (B1 in BENCHMARKS.md).
       task = store.modify(id, (d) => (d.containerId = containerId));
-      this.persister.persist(id).catch(() => undefined);
       try {
         if (needsStart) await docker.startContainer(containerId);
       } catch (cause) {
