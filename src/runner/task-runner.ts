@@ -405,8 +405,7 @@ export class TaskRunner {
         }
       }
       // Written with `running` below, not now: a restart before that finds the container by name
-      // (a create answering 409 adopts it), and a write racing the engine's own fsyncs during
-      // the start slowed the start itself (B1 in BENCHMARKS.md).
+      // (a create answering 409 adopts it), so a write here would only lengthen the start.
       task = store.modify(id, (d) => (d.containerId = containerId));
       try {
         if (needsStart) await docker.startContainer(containerId);
