@@ -1,3 +1,4 @@
+import { setTimeout as sleep } from "node:timers/promises";
 import { existsSync, readFileSync } from "node:fs";
 import { mkdir, readdir, readFile, writeFile } from "node:fs/promises";
 import { join } from "node:path";
@@ -108,6 +109,34 @@ describe("TaskRunner.submit", () => {
 });
 
 describe("TaskRunner.start", () => {
+  it("asks the engine once for an image that concurrent starts share, and again for a later start", async () => {
+    // A check that takes a while, as the engine's does under a burst of submits.
+    const imageExists = vi.spyOn(env.docker, "imageExists").mockImplementation(async () => {
+      await sleep(50);
+      return true;
+    });
+    const submitAll = (ids: string[]) =>
+      Promise.all(
+        ids.map((id) => {
+          const { config, auth } = taskConfig({ id, name: id, image_name: "busybox:1.36" });
+          return env.runner.submit(config, auth);
+        }),
+      );
+    await submitAll(["a", "b", "c"]);
+    await env.runner.awaitStarts();
+    expect(imageExists).toHaveBeenCalledTimes(1);
+    await submitAll(["d"]);
+    await env.runner.awaitStarts();
+    expect(imageExists).toHaveBeenCalledTimes(2);
+    expect(env.docker.count("pullImage")).toBe(0);
+    expect(["a", "b", "c", "d"].map((id) => env.ctx.store.mustGet(id).status)).toEqual([
+      "running",
+      "running",
+      "running",
+      "running",
+    ]);
+  });
+
   it("runs pending → preparing → pulling → creating → running and creates exactly one labelled container", async () => {
     const statuses: TaskStatus[] = [];
     const modify = env.ctx.store.modify.bind(env.ctx.store);

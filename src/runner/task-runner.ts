@@ -69,6 +69,8 @@ export class TaskRunner {
   private readonly pulls = new Map<string, AbortController>();
   private readonly starts = new Map<string, Promise<void>>();
   private readonly submits = new Map<string, Promise<void>>();
+  /** Image checks in flight, by reference: a burst of submits of one image asks the engine once. */
+  private readonly imageChecks = new Map<string, Promise<boolean>>();
 
   constructor(private readonly ctx: RunnerContext) {
     this.persister = new TaskPersister(ctx.store, ctx.bootId, ctx.log);
@@ -285,7 +287,7 @@ export class TaskRunner {
     try {
       const ref = parseImageReference(task.config.image_name);
       pullRef = formatPullReference(ref);
-      if (!isLatestOrUntagged(ref) && (await docker.imageExists(pullRef))) {
+      if (!isLatestOrUntagged(ref) && (await this.imagePresent(pullRef))) {
         log.debug({ taskId: id, image: pullRef }, "image present, pull skipped");
         return;
       }
@@ -353,6 +355,19 @@ export class TaskRunner {
       this.pulls.delete(id);
       await new Promise<void>((resolve) => pullLog.end(resolve));
     }
+  }
+
+  /**
+   * Whether the engine has the image, sharing a check already in flight for the same reference.
+   * Only in-flight checks are shared, never a past answer: an image removed meanwhile is seen.
+   */
+  private imagePresent(reference: string): Promise<boolean> {
+    let check = this.imageChecks.get(reference);
+    if (!check) {
+      check = this.ctx.docker.imageExists(reference).finally(() => this.imageChecks.delete(reference));
+      this.imageChecks.set(reference, check);
+    }
+    return check;
   }
 
   /**
