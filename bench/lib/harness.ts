@@ -1,13 +1,12 @@
 import { randomBytes } from "node:crypto";
-import { existsSync } from "node:fs";
 import { mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import type Docker from "dockerode";
-import { buildContainerSpec, type ContainerParams } from "../../src/docker/container-spec.js";
+import { containerParamsOf, resolveShimConfig } from "../../src/config/shim-config.js";
+import { buildContainerSpec } from "../../src/docker/container-spec.js";
 import { formatPullReference, parseImageReference } from "../../src/docker/image-ref.js";
-import { DEFAULT_VOLUME_MOUNT_ROOT } from "../../src/host/volumes.js";
 import { parseTaskConfig } from "../../src/tasks/task-config.js";
 import { hasStatusCode, testDocker } from "../../test/support/docker.js";
 import { ensureTestImages, type TestImages } from "../../test/support/images.js";
@@ -235,18 +234,8 @@ export class Bench {
     const { config } = parseTaskConfig(this.taskConfig(name, command));
     const runnerDir = join(await this.tempDir("taskshim-bench-runner-"), "runner");
     await mkdir(runnerDir, { mode: 0o755 });
-    const params: ContainerParams = {
-      runnerBinaryPath: "/usr/local/bin/dstack-runner",
-      runnerHttpPort: 10999,
-      runnerSshPort: 10022,
-      runnerLogLevel: "info",
-      runnerSshLogLevel: "",
-      baseEnv: [],
-      privileged: false,
-      pjrtDevice: "",
-      volumeMountRoot: DEFAULT_VOLUME_MOUNT_ROOT,
-      infiniband: existsSync("/dev/infiniband"),
-    };
+    // The shim under test runs with its defaults and this process's environment.
+    const params = containerParamsOf(resolveShimConfig({}));
     const spec = buildContainerSpec({
       config: { ...config, image_name: formatPullReference(parseImageReference(config.image_name)) },
       containerName: name,

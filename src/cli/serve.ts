@@ -5,8 +5,7 @@ import { pino, type Logger } from "pino";
 import { ShimMetrics } from "../api/metrics.js";
 import { buildApi } from "../api/server.js";
 import { ComponentService } from "../components/component-service.js";
-import type { ShimConfig } from "../config/shim-config.js";
-import type { ContainerParams } from "../docker/container-spec.js";
+import { containerParamsOf, type ShimConfig } from "../config/shim-config.js";
 import { DockerodeClient } from "../docker/dockerode-client.js";
 import { BoundedCommandRunner } from "../exec/run-bounded.js";
 import { AuthorizedKeys, HostKeysReconciler, passwdUserLookup } from "../host/authorized-keys.js";
@@ -127,21 +126,7 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
       ...(config.gpuFixture ? { fixturePath: config.gpuFixture } : {}),
       log: (msg, fields) => log.warn(fields ?? {}, msg),
     });
-    const params: ContainerParams = {
-      runnerBinaryPath: config.runnerBinaryPath,
-      runnerHttpPort: config.runnerHttpPort,
-      runnerSshPort: config.runnerSshPort,
-      runnerLogLevel: config.runnerLogLevel,
-      runnerSshLogLevel: config.runnerSshLogLevel,
-      baseEnv: config.passEnv.flatMap((name) => {
-        const value = process.env[name];
-        return value === undefined ? [] : [`${name}=${value}`];
-      }),
-      privileged: config.privileged,
-      pjrtDevice: config.pjrtDevice,
-      volumeMountRoot: config.volumeMountRoot,
-      infiniband: existsSync("/dev/infiniband"),
-    };
+    const params = containerParamsOf(config);
     const ctx: RunnerContext = {
       docker,
       store,

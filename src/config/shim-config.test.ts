@@ -1,7 +1,13 @@
 import { homedir } from "node:os";
 import { resolve } from "node:path";
 import { describe, expect, it } from "vitest";
-import { ConfigError, parseLogLevel, resolveShimConfig, type ServeFlags } from "./shim-config.js";
+import {
+  ConfigError,
+  containerParamsOf,
+  parseLogLevel,
+  resolveShimConfig,
+  type ServeFlags,
+} from "./shim-config.js";
 
 const DEFAULTS = { shimBinaryPath: "/opt/taskshim/bin/taskshim" };
 const config = (flags: ServeFlags = {}, env: NodeJS.ProcessEnv = {}) =>
@@ -177,5 +183,21 @@ describe("resolveShimConfig: pass-env", () => {
     expect(config({ passEnv: "ONLY_THIS" }, { DSTACK_DOCKER_PASS_ENV: "FOO,BAR" }).passEnv).toEqual([
       "ONLY_THIS",
     ]);
+  });
+});
+
+describe("containerParamsOf", () => {
+  it("carries the runner settings and passes only the --pass-env variables that are set", () => {
+    const c = config({ runnerHttpPort: "11999", passEnv: "HTTP_PROXY,NO_PROXY", privileged: true });
+    const params = containerParamsOf(c, { HTTP_PROXY: "http://proxy:3128", OTHER: "x" });
+    expect(params).toMatchObject({
+      runnerBinaryPath: "/usr/local/bin/dstack-runner",
+      runnerHttpPort: 11999,
+      runnerSshPort: 10022,
+      runnerLogLevel: "info",
+      baseEnv: ["HTTP_PROXY=http://proxy:3128"],
+      privileged: true,
+      volumeMountRoot: c.volumeMountRoot,
+    });
   });
 });

@@ -1,5 +1,7 @@
+import { existsSync } from "node:fs";
 import { homedir } from "node:os";
 import { isAbsolute, resolve } from "node:path";
+import type { ContainerParams } from "../docker/container-spec.js";
 import { DEFAULT_VOLUME_MOUNT_ROOT } from "../host/volumes.js";
 
 /** pino's level names, ordered as logrus' numeric levels 1..6 map to them. */
@@ -214,5 +216,27 @@ export function resolveShimConfig(
       diskByIdDir: env[TESTING_ENV.diskByIdDir] || "/dev/disk/by-id",
       noEvents: bool(env[TESTING_ENV.noEvents] ?? false, TESTING_ENV.noEvents),
     },
+  };
+}
+
+/**
+ * What every task container is built from, per this configuration: the runner settings, the
+ * `--pass-env` variables set in `env`, and whether the host has InfiniBand devices.
+ */
+export function containerParamsOf(config: ShimConfig, env: NodeJS.ProcessEnv = process.env): ContainerParams {
+  return {
+    runnerBinaryPath: config.runnerBinaryPath,
+    runnerHttpPort: config.runnerHttpPort,
+    runnerSshPort: config.runnerSshPort,
+    runnerLogLevel: config.runnerLogLevel,
+    runnerSshLogLevel: config.runnerSshLogLevel,
+    baseEnv: config.passEnv.flatMap((name) => {
+      const value = env[name];
+      return value === undefined ? [] : [`${name}=${value}`];
+    }),
+    privileged: config.privileged,
+    pjrtDevice: config.pjrtDevice,
+    volumeMountRoot: config.volumeMountRoot,
+    infiniband: existsSync("/dev/infiniband"),
   };
 }
