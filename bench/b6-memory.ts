@@ -42,25 +42,20 @@ export async function runB6Idle(bench: Bench, shim: ShimProcess): Promise<Row> {
     `B6 idle RSS ${rss} MB (no task of this run; ${adopted} adopted from the shared engine); ` +
       (await heapBreakdown(shim)),
   );
-  return {
-    id: "B6",
-    name: "memory: shim RSS, idle (no task)",
-    unit: "MB",
-    taskshim: rss,
-    baseline: null,
-    ratio: null,
-    target: `<= ${TARGET_MB} MB`,
-    pass: rss <= TARGET_MB,
-  };
+  return rssRow("memory: shim RSS, idle (no task)", rss);
 }
 
 /** B6 row of the shim with the fleet running. */
 export async function runB6Loaded(bench: Bench, shim: ShimProcess, tasks: number): Promise<Row> {
   const rss = round(await sampleRss(shim));
   bench.note(`B6 RSS with ${tasks} running tasks ${rss} MB; ${await heapBreakdown(shim)}`);
+  return rssRow(`memory: shim RSS with ${tasks} running tasks`, rss);
+}
+
+function rssRow(name: string, rss: number): Row {
   return {
     id: "B6",
-    name: `memory: shim RSS with ${tasks} running tasks`,
+    name,
     unit: "MB",
     taskshim: rss,
     baseline: null,
