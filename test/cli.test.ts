@@ -7,6 +7,7 @@ import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import pkg from "../package.json" with { type: "json" };
 import { formatBytes } from "../src/cli/sizes.js";
+import { shellQuote } from "../src/docker/container-spec.js";
 import { testDocker } from "./support/docker.js";
 import { createUniqueImage, ensureTestImages, type TestImages } from "./support/images.js";
 import { startRegistry, type LocalRegistry } from "./support/registry.js";
@@ -397,26 +398,27 @@ describe("taskshim tasks submit: pull progress from a registry", () => {
     await registry?.stop();
   });
 
+  /** `tasks submit` flags of a `sleep 300` task whose image is pulled from the private registry. */
+  const privateSleepTask = (id: string, name: string, image: string): string[] => [
+    "--id",
+    id,
+    "--name",
+    name,
+    "--image",
+    image,
+    "--registry-user",
+    registry.username,
+    "--registry-password",
+    registry.password,
+    "--",
+    "sleep",
+    "300",
+  ];
+
   it("prints plain progress lines when stdout is not a terminal", async () => {
     const { id, name } = newTask("pull");
     const image = await pushedImage("cli/plain");
-    const result = await client([
-      "tasks",
-      "submit",
-      "--id",
-      id,
-      "--name",
-      name,
-      "--image",
-      image,
-      "--registry-user",
-      registry.username,
-      "--registry-password",
-      registry.password,
-      "--",
-      "sleep",
-      "300",
-    ]);
+    const result = await client(["tasks", "submit", ...privateSleepTask(id, name, image)]);
     expect(result.stderr).toBe("");
     expect(result.code).toBe(0);
     const task = await shim.task(id);
@@ -448,21 +450,9 @@ describe("taskshim tasks submit: pull progress from a registry", () => {
       "submit",
       "--shim",
       shim.url,
-      "--id",
-      id,
-      "--name",
-      name,
-      "--image",
-      image,
-      "--registry-user",
-      registry.username,
-      "--registry-password",
-      registry.password,
-      "--",
-      "sleep",
-      "300",
+      ...privateSleepTask(id, name, image),
     ];
-    const command = argv.map((word) => `'${word.replaceAll("'", `'\\''`)}'`).join(" ");
+    const command = argv.map(shellQuote).join(" ");
     // util-linux `script` gives the CLI a pseudo-terminal, so process.stdout.isTTY is true.
     const result = await new Promise<CliResult>((resolve, reject) => {
       const child = spawn("script", ["-qfec", command, "/dev/null"], { stdio: ["pipe", "pipe", "pipe"] });
