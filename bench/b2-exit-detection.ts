@@ -1,9 +1,10 @@
 import { createInterface } from "node:readline";
 import type { Readable } from "node:stream";
 import { setTimeout as sleep } from "node:timers/promises";
+import pLimit from "p-limit";
 import { TESTING_ENV } from "../src/config/shim-config.js";
 import type { ShimProcess } from "../test/support/shim-process.js";
-import { dockerTimeMs, mapLimit, startTasks, taskStatuses, wallMs, type Bench } from "./lib/harness.js";
+import { dockerTimeMs, startTasks, taskStatuses, wallMs, type Bench } from "./lib/harness.js";
 import type { Row } from "./lib/report.js";
 import { describe, median, percentile, round } from "./lib/stats.js";
 
@@ -114,7 +115,7 @@ async function measureExits(bench: Bench, shim: ShimProcess, mode: string, count
     await poller;
     stopFollowing();
   }
-  const exits = await mapLimit(ids, 8, async (id): Promise<Exit> => {
+  const exits = await pLimit(8).map(ids, async (id): Promise<Exit> => {
     const task = await shim.task(id);
     if (task.termination_reason !== "done_by_runner")
       throw new Error(`B2 task ${id}: ${task.termination_reason} ${task.termination_message}`);

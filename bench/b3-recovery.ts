@@ -1,8 +1,9 @@
 import { execFile } from "node:child_process";
 import { setTimeout as sleep } from "node:timers/promises";
 import { promisify } from "node:util";
+import pLimit from "p-limit";
 import { SHIM_BUNDLE, type ShimProcess } from "../test/support/shim-process.js";
-import { mapLimit, wallMs, type Bench } from "./lib/harness.js";
+import { wallMs, type Bench } from "./lib/harness.js";
 import type { Fleet } from "./lib/fleet.js";
 import type { Row } from "./lib/report.js";
 import { median, round } from "./lib/stats.js";
@@ -122,7 +123,7 @@ async function explainRestore(bench: Bench, fleet: Fleet): Promise<void> {
   for (const id of ids) await bench.docker.getContainer(id).inspect();
   const sequential = performance.now() - started;
   started = performance.now();
-  await mapLimit(ids, 16, (id) => bench.docker.getContainer(id).inspect());
+  await pLimit(16).map(ids, (id) => bench.docker.getContainer(id).inspect());
   const parallel = performance.now() - started;
   bench.note(
     `B3 reference: node + bundle load (taskshim --version) ${round(median(boots), 0)} ms; ` +

@@ -4,6 +4,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import type Docker from "dockerode";
+import pLimit from "p-limit";
 import { containerParamsOf, resolveShimConfig } from "../../src/config/shim-config.js";
 import { buildContainerSpec } from "../../src/docker/container-spec.js";
 import { formatPullReference, parseImageReference } from "../../src/docker/image-ref.js";
@@ -29,24 +30,6 @@ export function dockerTimeMs(value: string): number {
   const seconds = Date.parse(`${match[1]}${match[3]}`);
   const fraction = Number(`0.${match[2] ?? "0"}`);
   return seconds + fraction * 1000;
-}
-
-/** Runs `fn` over `items` with at most `limit` calls in flight; results keep the input order. */
-export async function mapLimit<T, R>(
-  items: readonly T[],
-  limit: number,
-  fn: (item: T, index: number) => Promise<R>,
-): Promise<R[]> {
-  const results = new Array<R>(items.length);
-  let next = 0;
-  const worker = async (): Promise<void> => {
-    while (next < items.length) {
-      const index = next++;
-      results[index] = await fn(items[index]!, index);
-    }
-  };
-  await Promise.all(Array.from({ length: Math.min(limit, items.length) }, worker));
-  return results;
 }
 
 /** `GET /api/tasks` as a map id → status; throws on a non-200 answer or a refused connection. */
@@ -217,7 +200,7 @@ export class Bench {
 
   /** Terminates (stop timeout 0) and removes tasks through the API, `limit` at a time. */
   async removeTasks(shim: ShimProcess, ids: readonly string[], limit = 16): Promise<void> {
-    await mapLimit(ids, limit, async (id) => {
+    await pLimit(limit).map(ids, async (id) => {
       await shim.terminate(id, "terminated_by_user", "benchmark cleanup", 0);
       const removed = await shim.remove(id);
       if (removed.status !== 200 && removed.status !== 404)
@@ -260,7 +243,7 @@ export class Bench {
 
   /** Force-removes containers by id, `limit` at a time (gone already is fine). */
   async removeContainers(ids: readonly string[], limit = 16): Promise<void> {
-    await mapLimit(ids, limit, async (id) => {
+    await pLimit(limit).map(ids, async (id) => {
       try {
         await this.docker.getContainer(id).remove({ force: true, v: true });
       } catch (error) {
@@ -326,7 +309,7 @@ export async function sweepStale(docker: Docker): Promise<number> {
       .filter((c) => (c.Names ?? []).some((n) => n.replace(/^\//, "").startsWith(NAME_PREFIX)))
       .map((c) => c.Id),
   );
-  await mapLimit([...ids], 16, async (id) => {
+  await pLimit(16).map([...ids], async (id) => {
     try {
       await docker.getContainer(id).remove({ force: true, v: true });
     } catch (error) {

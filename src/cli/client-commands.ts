@@ -2,6 +2,7 @@ import { randomUUID } from "node:crypto";
 import { readFile } from "node:fs/promises";
 import { text as readStream } from "node:stream/consumers";
 import { Option, type Command } from "@commander-js/extra-typings";
+import pLimit from "p-limit";
 import {
   ShimClient,
   ShimHttpError,
@@ -122,24 +123,10 @@ function seconds(flag: string) {
 
 const collect = (value: string, previous: string[]): string[] => [...previous, value];
 
-/** Maps with at most `limit` calls in flight; results in input order. */
-async function mapLimit<T, R>(items: readonly T[], limit: number, fn: (item: T) => Promise<R>): Promise<R[]> {
-  const results = new Array<R>(items.length);
-  let next = 0;
-  const worker = async (): Promise<void> => {
-    while (next < items.length) {
-      const index = next++;
-      results[index] = await fn(items[index] as T);
-    }
-  };
-  await Promise.all(Array.from({ length: Math.min(limit, items.length) }, worker));
-  return results;
-}
-
 /** Every task's full info; tasks removed between the list and the read are left out. */
 async function allTaskInfos(client: ShimClient, filter: (status: string) => boolean = () => true) {
   const list = (await client.listTasks()).filter((t) => filter(t.status));
-  const infos = await mapLimit(list, 8, async (t) => {
+  const infos = await pLimit(8).map(list, async (t) => {
     try {
       return await client.getTask(t.id);
     } catch (error) {
