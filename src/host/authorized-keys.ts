@@ -391,12 +391,6 @@ async function replaceAtomically(
   }
 }
 
-/**
- * Reconciles host keys for many users, one reconcile at a time: each `authorized_keys` update is a
- * read-modify-write, and two interleaved ones would lose an entry. The map is the complete truth
- * (the union of the host keys of every live task, per user; a user mapped to no keys loses all
- * shim entries).
- */
 /** How a reconcile treats the shim entries already in the file. */
 export interface ReconcileOptions {
   /**
@@ -406,6 +400,12 @@ export interface ReconcileOptions {
   readonly keepExisting?: boolean;
 }
 
+/**
+ * Reconciles host keys for many users, one reconcile at a time: each `authorized_keys` update is a
+ * read-modify-write, and two interleaved ones would lose an entry. The map is the complete truth
+ * (the union of the host keys of every live task, per user; a user mapped to no keys loses all
+ * shim entries).
+ */
 export class HostKeysReconciler {
   private tail: Promise<void> = Promise.resolve();
 

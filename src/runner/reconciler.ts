@@ -108,15 +108,10 @@ export class Reconciler {
       const suspects = new Set(this.suspects);
       this.suspects.clear();
       // Exits that land together are finalized together, not one after another.
-      const limit = pLimit(TICK_CONCURRENCY);
-      await Promise.all(
-        candidates.map((task) =>
-          limit(async () => {
-            if (!this.ctx.shutdown.aborted)
-              await this.processTask(task.id, byTask.get(task.id), suspects.has(task.id));
-          }),
-        ),
-      );
+      await pLimit(TICK_CONCURRENCY).map(candidates, async (task) => {
+        if (!this.ctx.shutdown.aborted)
+          await this.processTask(task.id, byTask.get(task.id), suspects.has(task.id));
+      });
     } finally {
       this.stats.lastTickMs = performance.now() - started;
       this.ctx.observer?.tickDone(this.stats.lastTickMs / 1000);

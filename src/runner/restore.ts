@@ -88,13 +88,11 @@ export async function restoreTasks(ctx: RunnerContext): Promise<RestoreReport> {
 
   // Inspects (for GPUs and ports) run a few at a time: 200 sequential round trips would hold
   // the API back for seconds after a restart.
-  const limit = pLimit(RESTORE_INSPECT_CONCURRENCY);
-  const inspected = await Promise.all(
-    [...byTask.values()].map((c) =>
-      limit(() => docker.inspectContainer(c.id, ctx.shutdown).catch(() => undefined)),
-    ),
+  const found = [...byTask.values()];
+  const inspected = await pLimit(RESTORE_INSPECT_CONCURRENCY).map(found, (c) =>
+    docker.inspectContainer(c.id, ctx.shutdown).catch(() => undefined),
   );
-  const details = new Map([...byTask.values()].map((c, i) => [c.id, inspected[i]]));
+  const details = new Map(found.map((c, i) => [c.id, inspected[i]]));
   for (const [taskId, container] of byTask) {
     const stored = states.get(taskId);
     const inspect = details.get(container.id);

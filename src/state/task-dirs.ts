@@ -88,11 +88,9 @@ export class TaskDirs {
       throw error;
     }
     // A few dirs at a time: read one by one, 200 task dirs held a restart back by ~0.3 s.
-    const limit = pLimit(SCAN_CONCURRENCY);
-    return Promise.all(
-      entries
-        .filter((entry) => entry.isDirectory() && !entry.name.startsWith("."))
-        .map((entry) => limit(() => this.scanOne(join(this.root, entry.name)))),
+    return pLimit(SCAN_CONCURRENCY).map(
+      entries.filter((entry) => entry.isDirectory() && !entry.name.startsWith(".")),
+      (entry) => this.scanOne(join(this.root, entry.name)),
     );
   }
 
@@ -115,21 +113,16 @@ export class TaskDirs {
    */
   async sweepLeftovers(keep: ReadonlySet<string>): Promise<string[]> {
     const names = await readdir(this.root).catch(() => [] as string[]);
-    const limit = pLimit(SCAN_CONCURRENCY);
     const swept = (
-      await Promise.all(
-        names.map((name) =>
-          limit(async () => {
-            const dir = join(this.root, name);
-            const leftover =
-              name.startsWith(".trash-") ||
-              (!name.startsWith(".") && !keep.has(name) && (await holdsOnlyEmptyRunnerDir(dir)));
-            if (!leftover) return undefined;
-            await rm(dir, { recursive: true, force: true }).catch(() => undefined);
-            return dir;
-          }),
-        ),
-      )
+      await pLimit(SCAN_CONCURRENCY).map(names, async (name) => {
+        const dir = join(this.root, name);
+        const leftover =
+          name.startsWith(".trash-") ||
+          (!name.startsWith(".") && !keep.has(name) && (await holdsOnlyEmptyRunnerDir(dir)));
+        if (!leftover) return undefined;
+        await rm(dir, { recursive: true, force: true }).catch(() => undefined);
+        return dir;
+      })
     ).filter((dir) => dir !== undefined);
     if (swept.length > 0) await syncDirectory(this.root).catch(() => undefined);
     return swept;
