@@ -18,6 +18,7 @@ import { restoreTasks } from "../runner/restore.js";
 import type { RunnerContext } from "../runner/runner-context.js";
 import { TaskRunner } from "../runner/task-runner.js";
 import { acquireHomeLock, type HomeLock } from "../state/home-lock.js";
+import { LogFileSink } from "../state/log-file-sink.js";
 import { TaskDirs } from "../state/task-dirs.js";
 import { TaskStore } from "../tasks/task-store.js";
 import { VERSION } from "../version.js";
@@ -36,22 +37,18 @@ const REDACT = [
   "req.headers.authorization",
 ];
 
-function createLogger(config: ShimConfig): Logger {
-  return pino(
+function createLogger(config: ShimConfig): { log: Logger; logFile: LogFileSink } {
+  // Not pino.destination: its failed write (a full or read-only disk) is an error event that
+  // ends the process. This sink drops what it cannot write and reopens the file by itself.
+  const logFile = new LogFileSink(join(config.home, "shim.log"));
+  const log = pino(
     { level: config.logLevel, base: { pid: process.pid }, redact: { paths: REDACT, censor: "[redacted]" } },
     pino.multistream([
       { level: config.logLevel, stream: process.stdout },
-      {
-        level: config.logLevel,
-        stream: pino.destination({
-          dest: join(config.home, "shim.log"),
-          append: true,
-          mkdir: true,
-          sync: true,
-        }),
-      },
+      { level: config.logLevel, stream: logFile },
     ]),
   );
+  return { log, logFile };
 }
 
 async function readBootId(path: string): Promise<string> {
@@ -98,7 +95,7 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
   } catch (error) {
     throw new StartupError((error as Error).message, { cause: error });
   }
-  const log = createLogger(config);
+  const { log, logFile } = createLogger(config);
   try {
     armFailpoints(config.testing.failpoints);
   } catch (error) {
@@ -112,6 +109,8 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
     const store = new TaskStore();
     const metrics = new ShimMetrics(store);
     metrics.starts.inc();
+    metrics.logLinesDropped.inc(logFile.state().droppedLines);
+    logFile.onDropped = (lines) => metrics.logLinesDropped.inc(lines);
     const docker = DockerodeClient.fromEnv(process.env.DOCKER_HOST, metrics.countEngineCall);
     try {
       await docker.ping();
