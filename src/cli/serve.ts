@@ -19,6 +19,7 @@ import type { RunnerContext } from "../runner/runner-context.js";
 import { TaskRunner } from "../runner/task-runner.js";
 import { acquireHomeLock, type HomeLock } from "../state/home-lock.js";
 import { LogFileSink } from "../state/log-file-sink.js";
+import { StorageHealth } from "../state/storage-health.js";
 import { TaskDirs } from "../state/task-dirs.js";
 import { TaskStore } from "../tasks/task-store.js";
 import { VERSION } from "../version.js";
@@ -126,6 +127,17 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
       log: (msg, fields) => log.warn(fields ?? {}, msg),
     });
     const params = containerParamsOf(config);
+    // Bound below, once the runner exists: what a degraded home could not take is written when
+    // the probe finds it writable again.
+    let catchUp: () => Promise<boolean> = () => Promise.resolve(true);
+    const storage = new StorageHealth(join(config.home, "runners"), {
+      log: (level, fields, msg) => log[level](fields, msg),
+      observe: (up) => metrics.storageUp.set(up ? 1 : 0),
+      catchUp: () => catchUp(),
+    });
+    // A full or read-only home does not stop the start: it is reported (healthcheck, metric) and
+    // probed until it takes writes again.
+    await storage.check();
     const ctx: RunnerContext = {
       docker,
       store,
@@ -146,13 +158,16 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
       log,
       shutdown: shutdownController.signal,
       observer: metrics.observer,
+      storage,
     };
     const runner = new TaskRunner(ctx);
+    catchUp = () => runner.catchUpStorage();
     const reconciler = new Reconciler(ctx, runner);
     const report = await restoreTasks(ctx);
     // What the restore reconciled (a start cut after its container started) is made durable now,
     // or a container that vanishes before the next change would send the task back to `creating`.
-    for (const id of report.changed) await runner.persister.persist(id);
+    // (On a degraded home they stay not yet durable and are written once it takes writes.)
+    for (const id of report.changed) await runner.persister.persist(id).catch(() => undefined);
     metrics.restoredTasks.set(report.restored);
     metrics.quarantined.set({ kind: "corrupt" }, report.quarantined.length);
     metrics.quarantined.set({ kind: "newer-format" }, report.skippedNewer.length);
@@ -189,6 +204,7 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
       components,
       log,
       metrics,
+      storage,
       ...(authToken !== undefined ? { authToken } : {}),
       requestShutdown: (force) => shutdown(force),
     });
@@ -211,6 +227,7 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
 
     const loop = reconciler.run();
     const events = config.testing.noEvents ? Promise.resolve() : reconciler.followEvents();
+    const probing = storage.run(shutdownController.signal);
     for (const id of report.resumed) runner.startInBackground(id);
 
     function shutdown(force: boolean): void {
@@ -221,7 +238,7 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
         shutdownController.abort(new Error("shim shutting down"));
         runner.cancelPulls();
         await app.close();
-        await Promise.allSettled([loop, events, checked, runner.awaitStarts(), components.settle()]);
+        await Promise.allSettled([loop, events, probing, checked, runner.awaitStarts(), components.settle()]);
         await lock.release();
         log.info("shutdown complete");
         log.flush();
