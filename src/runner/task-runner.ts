@@ -180,10 +180,14 @@ export class TaskRunner {
         this.ctx.store.delete(config.id);
         await this.persister.settle(config.id);
         if (taskDir !== "") await this.discardSubmitDir(taskDir, created, stateWritten);
-        if (isStorageError(cause)) {
-          const error = cause instanceof TaskPersistError ? cause.cause : cause;
-          this.ctx.storage?.markFailed(error);
-          throw new StorageUnavailableError(error);
+        const storageCause = isStorageError(cause)
+          ? cause instanceof TaskPersistError
+            ? cause.cause
+            : cause
+          : await this.storageFault();
+        if (storageCause !== undefined) {
+          this.ctx.storage?.markFailed(storageCause);
+          throw new StorageUnavailableError(storageCause);
         }
         throw new TaskOperationError(`failed to create task ${config.id}: ${(cause as Error).message}`, {
           cause,
@@ -199,6 +203,15 @@ export class TaskRunner {
     this.ctx.log.info({ taskId: config.id, containerName, image: config.image_name }, "task submitted");
     this.startInBackground(config.id);
     return this.ctx.store.mustGet(config.id);
+  }
+
+  /**
+   * Whether the home's storage is what failed: some calls report a storage fault as something
+   * else (a recursive mkdir on a read-only file system answers ENOENT), so a probe decides.
+   */
+  private async storageFault(): Promise<Error | undefined> {
+    const failed = await this.ctx.storage?.probe();
+    return failed !== undefined && isStorageError(failed) ? failed : undefined;
   }
 
   /**
