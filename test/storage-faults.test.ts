@@ -11,7 +11,7 @@ import { ChaosStats } from "./support/chaos-scenario.js";
 import { testDocker } from "./support/docker.js";
 import { createUniqueImage, ensureTestImages, type TestImages } from "./support/images.js";
 import { startRegistry, type LocalRegistry } from "./support/registry.js";
-import { freePort, ShimProcess, type TaskInfo } from "./support/shim-process.js";
+import { freePort, SHIM_BUNDLE, ShimProcess, type TaskInfo } from "./support/shim-process.js";
 
 /*
  * Host storage faults (issue 11; fault-matrix rows S4 and S5) with real faults: the shim's home
@@ -199,30 +199,39 @@ async function expectDiskMatches(shim: ShimProcess, info: TaskInfo): Promise<voi
   }
 }
 
-/** Nothing left behind: only the expected task dirs, none with credentials or temp files. */
+/**
+ * Nothing left behind: only the expected task dirs, none with credentials or temp files. A write
+ * may still be in flight (a release's commit after the API shows `terminated`), so the look is
+ * repeated for up to 3 s before it counts.
+ */
 async function expectNoLeaks(home: string, expected: readonly TaskInfo[]): Promise<void> {
   const runners = join(home, "runners");
-  const names = await readdir(runners);
-  const dirs = names.filter((n) => !n.startsWith("."));
-  check(
-    JSON.stringify(dirs.sort()) === JSON.stringify(expected.map((t) => t.container_name).sort()),
-    "leaked_dirs",
-    `task dirs ${dirs.join(",")} vs ${expected.map((t) => t.container_name).join(",")}`,
-  );
-  check(
-    names.filter((n) => n.startsWith(".")).length === 0,
-    "leaked_dirs",
-    `dot entries in runners: ${names.join(",")}`,
-  );
-  for (const dir of dirs) {
-    const files = await readdir(join(runners, dir));
-    check(!files.includes("registry-auth.json"), "other", `${dir} still holds registry-auth.json`);
-    check(
-      !files.some((f) => f.includes(".tmp-")),
-      "leaked_dirs",
-      `${dir} holds temp files: ${files.join(",")}`,
-    );
+  const want = expected.map((t) => t.container_name).sort();
+  const look = async (): Promise<{ category: "leaked_dirs" | "other"; what: string }[]> => {
+    const found: { category: "leaked_dirs" | "other"; what: string }[] = [];
+    const names = await readdir(runners);
+    const dirs = names.filter((n) => !n.startsWith(".")).sort();
+    if (JSON.stringify(dirs) !== JSON.stringify(want))
+      found.push({ category: "leaked_dirs", what: `task dirs ${dirs.join(",")} vs ${want.join(",")}` });
+    const dots = names.filter((n) => n.startsWith("."));
+    if (dots.length > 0)
+      found.push({ category: "leaked_dirs", what: `dot entries in runners: ${dots.join(",")}` });
+    for (const dir of dirs) {
+      const files = await readdir(join(runners, dir));
+      if (files.includes("registry-auth.json"))
+        found.push({ category: "other", what: `${dir} still holds registry-auth.json` });
+      if (files.some((f) => f.includes(".tmp-")))
+        found.push({ category: "leaked_dirs", what: `${dir} holds temp files: ${files.join(",")}` });
+    }
+    return found;
+  };
+  const deadline = Date.now() + 3_000;
+  let found = await look();
+  while (found.length > 0 && Date.now() < deadline) {
+    await sleep(100);
+    found = await look();
   }
+  for (const { category, what } of found) check(false, category, what);
 }
 
 /** Terminates and removes every task; their containers must be gone. */
@@ -310,6 +319,10 @@ describe("host storage faults never kill the shim, and no answer runs ahead of t
       const degraded = await waitStorage(shim, "degraded");
       expect(degraded.storage.error).toMatch(/^ENOSPC: /);
       expect(await metric(shim, "taskshim_storage_up")).toBe(0);
+      const status = await exec(process.execPath, [SHIM_BUNDLE, "status", "--shim", shim.url], {
+        timeout: 20_000,
+      });
+      expect(status.stdout).toMatch(/^storage: +degraded since \S+ \(ENOSPC: no space left on device\)$/m);
       await expectTerminateRefused(shim, longRunning, "ENOSPC");
 
       // An exit while the disk is full: final in memory at once, not on disk yet.
@@ -333,6 +346,7 @@ describe("host storage faults never kill the shim, and no answer runs ahead of t
       await rm(filler);
       const back = Date.now();
       await waitStorage(shim, "ok", 10_000);
+      expect(await metric(shim, "taskshim_storage_up")).toBe(1);
       console.log(`S4: storage ok again ${Date.now() - back} ms after space returned`);
       await expectDiskMatches(shim, exitsRunning);
       await expectDiskMatches(shim, longRunning);
