@@ -81,6 +81,11 @@ export class TaskPersister {
     return results.every((r) => r.status === "fulfilled");
   }
 
+  /** Forgets a task that no longer exists (a failed submit): nothing of it is to be written. */
+  forget(id: string): void {
+    this.unsynced.delete(id);
+  }
+
   /** Waits for every pending write of a task (before its dir is deleted). */
   async settle(id: string): Promise<void> {
     await this.chains.get(id)?.catch(() => undefined);

@@ -179,6 +179,7 @@ export class TaskRunner {
         // Nothing of a failed submit may stay: not the task, not its dir, not its credentials.
         this.ctx.store.delete(config.id);
         await this.persister.settle(config.id);
+        this.persister.forget(config.id);
         if (taskDir !== "") await this.discardSubmitDir(taskDir, created, stateWritten);
         const storageCause = isStorageError(cause)
           ? cause instanceof TaskPersistError
@@ -697,6 +698,7 @@ export class TaskRunner {
       await this.release(id);
       store.delete(id);
       await this.persister.settle(id);
+      this.persister.forget(id);
       if (task.taskDir !== "") await dirs.remove(task.taskDir);
       log.info({ taskId: id }, "task removed");
     } finally {
