@@ -24,6 +24,10 @@ import { freePort, SHIM_BUNDLE, ShimProcess, type TaskInfo } from "./support/shi
  */
 
 const exec = promisify(execFile);
+/** STORAGE_FAULTS_SHIM_BUNDLE runs another bundle than dist/taskshim.cjs (an older build, say). */
+const bundle = process.env.STORAGE_FAULTS_SHIM_BUNDLE;
+const start = (options: Parameters<typeof ShimProcess.start>[0] = {}): Promise<ShimProcess> =>
+  ShimProcess.start({ ...options, ...(bundle ? { bundle } : {}) });
 const stats = new ChaosStats();
 let images: TestImages;
 let seq = 0;
@@ -303,7 +307,7 @@ describe("host storage faults never kill the shim, and no answer runs ahead of t
     const mount = await Mount.tmpfs(4 * 1024);
     let shim: ShimProcess | undefined;
     try {
-      shim = await ShimProcess.start({ home: mount.dir });
+      shim = await start({ home: mount.dir });
       const long = await shim.submit(task());
       const exits = await shim.submit(task());
       const longRunning = await shim.waitTask(long.id, (t) => t.status === "running");
@@ -336,7 +340,7 @@ describe("host storage faults never kill the shim, and no answer runs ahead of t
 
       // A restart on the full home: it starts, restores, serves and says degraded.
       expect(await shim.stop()).toBe(0);
-      shim = await ShimProcess.start({ home: mount.dir });
+      shim = await start({ home: mount.dir });
       expect((await waitStorage(shim, "degraded")).storage.error).toMatch(/^ENOSPC: /);
       expect((await shim.task(long.id)).status).toBe("running");
       const rederived = await shim.waitTerminated(exits.id, 15_000);
@@ -383,7 +387,7 @@ describe("host storage faults never kill the shim, and no answer runs ahead of t
     let shim: ShimProcess | undefined;
     const runners = join(mount.dir, "runners");
     try {
-      shim = await ShimProcess.start({ home: mount.dir });
+      shim = await start({ home: mount.dir });
       const first = await shim.submit(task());
       const a = await shim.waitTask(first.id, (t) => t.status === "running");
 
@@ -427,7 +431,7 @@ describe("host storage faults never kill the shim, and no answer runs ahead of t
       // A restart with the whole home read-only: it starts, restores, serves, says degraded.
       expect(await shim.stop()).toBe(0);
       await mount.remount("ro");
-      shim = await ShimProcess.start({ home: mount.dir });
+      shim = await start({ home: mount.dir });
       expect((await waitStorage(shim, "degraded")).storage.error).toMatch(/^EROFS: /);
       expect((await shim.task(a.id)).status).toBe("running");
       expect((await shim.waitTerminated(b.id, 15_000)).termination_reason).toBe(
@@ -461,7 +465,7 @@ describe("host storage faults never kill the shim, and no answer runs ahead of t
       pushed = await registry.push(local, "sf/private", "v1");
       await testDocker().getImage(local).remove({ force: true });
       const viaProxy = pushed.replace(registry.host, recorder.host);
-      shim = await ShimProcess.start({
+      shim = await start({
         env: {
           TASKSHIM_FAILPOINTS:
             "durable-write:task-dir=1*error(EIO),durable-write:registry-auth=1*error(EIO),durable-write:task-state=1*error(EIO)",
