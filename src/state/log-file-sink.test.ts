@@ -187,3 +187,39 @@ describe("describeFsError", () => {
     expect(describeFsError(Object.assign(new Error("boom"), { code: "EIO" }))).toBe("EIO: boom");
   });
 });
+
+describe("LogFileSink under pino", () => {
+  it("a failing shim.log neither throws into the log call nor silences stdout", async () => {
+    const { pino } = await import("pino");
+    const { Writable } = await import("node:stream");
+    const stdout: string[] = [];
+    const out = new Writable({
+      write(chunk: Buffer, _encoding, callback) {
+        stdout.push(chunk.toString("utf8"));
+        callback();
+      },
+    });
+    const file = sink({ maxPendingBytes: 64 });
+    const log = pino(
+      { base: null, timestamp: false },
+      pino.multistream([
+        { level: "info", stream: out },
+        { level: "info", stream: file },
+      ]),
+    );
+    log.info("before");
+    fault = "ENOSPC";
+    for (let i = 0; i < 10; i++) expect(() => log.info({ i }, "while full")).not.toThrow();
+    fault = undefined;
+    clock += 1_000;
+    log.info("after");
+    await new Promise((resolve) => setImmediate(resolve));
+    expect(stdout.join("").split("\n").filter(Boolean)).toHaveLength(12);
+    const written = (await readFile(path, "utf8")).split("\n").filter(Boolean);
+    expect(written[0]).toContain('"msg":"before"');
+    expect(written.at(-1)).toContain('"msg":"after"');
+    expect(file.state().droppedLines).toBe(12 - written.length);
+    expect(file.state().droppedLines).toBeGreaterThan(0);
+    file.close();
+  });
+});
