@@ -91,7 +91,7 @@ describe("LogFileSink", () => {
       fault = undefined;
       s.write(line(3)); // within retryMs of the failure: still buffered
       expect(await readFile(path, "utf8")).toBe(line(1));
-      clock += 1_000;
+      clock += 60_000;
       s.write(line(4));
       expect(await readFile(path, "utf8")).toBe(`${line(1)}${line(2)}${line(3)}${line(4)}`);
       expect(s.state()).toEqual({ writable: true, pendingBytes: 0, droppedLines: 0 });
@@ -133,6 +133,17 @@ describe("LogFileSink", () => {
     // 100 s of failures: the first notice and one a minute later.
     expect(notices).toHaveLength(2);
     expect(notices[1]).toMatch(/\d+ dropped so far/);
+    s.close();
+  });
+
+  it("stays within one notice a minute when the file fails and recovers every 2 s", () => {
+    const s = sink();
+    for (let i = 0; i < 60; i++) {
+      fault = i % 2 === 0 ? "EIO" : undefined;
+      s.write(line(i));
+      clock += 1_000;
+    }
+    expect(notices.length).toBeLessThanOrEqual(1 + Math.ceil(60_000 / 60_000));
     s.close();
   });
 

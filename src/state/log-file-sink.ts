@@ -239,9 +239,13 @@ export class LogFileSink {
       const { since } = this.failure;
       this.failure = undefined;
       this.stopRetrying();
-      this.notice(
-        `taskshim: ${this.path} is writable again after ${Math.round((now - since) / 1000)} s; ${this.dropped} log lines dropped so far`,
-      );
+      // Under the same once-a-minute limit: a disk that flaps never floods stderr.
+      if (now - this.lastNoticeAt >= this.noticeIntervalMs) {
+        this.lastNoticeAt = now;
+        this.notice(
+          `taskshim: ${this.path} is writable again after ${Math.round((now - since) / 1000)} s; ${this.dropped} log lines dropped so far`,
+        );
+      }
     }
   }
 
@@ -250,10 +254,7 @@ export class LogFileSink {
     this.closeFd();
     const first = this.failure === undefined;
     this.failure = { error: describeFsError(error), since: this.failure?.since ?? this.now() };
-    if (first) {
-      this.lastNoticeAt = Number.NEGATIVE_INFINITY;
-      this.announce();
-    }
+    if (first) this.announce();
     this.startRetrying();
   }
 
