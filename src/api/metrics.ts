@@ -59,6 +59,17 @@ export class ShimMetrics {
     registers: [this.registry],
   });
 
+  readonly storageUp = new Gauge({
+    name: "taskshim_storage_up",
+    help: "1 when the shim's home takes durable writes, 0 while degraded (full, read-only, failing)",
+    registers: [this.registry],
+  });
+  readonly logLinesDropped = new Counter({
+    name: "taskshim_log_lines_dropped_total",
+    help: "Log lines that could not be written to shim.log (full, read-only or failing disk)",
+    registers: [this.registry],
+  });
+
   constructor(store?: TaskStore) {
     // The event-loop lag histogram samples every 10 ms by default: 1-1.5 % of a core on its own,
     // most of the shim's idle cost. A 1 s resolution still shows a stalled loop.

@@ -37,6 +37,12 @@ export const Healthcheck = Type.Object({
     since: Type.Optional(Type.String()),
     error: Type.Optional(Type.String()),
   }),
+  /** Whether the home takes durable writes; `error` only while degraded. */
+  storage: Type.Object({
+    status: Type.Union([Type.Literal("ok"), Type.Literal("degraded")]),
+    since: Type.String(),
+    error: Type.Optional(Type.String()),
+  }),
 });
 export const PullProgress = Type.Object({
   downloaded_bytes: Type.Integer(),

@@ -1,6 +1,7 @@
 import { readFileSync } from "node:fs";
 import type { InjectOptions, LightMyRequestResponse } from "fastify";
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
+import { armFailpoints } from "../runner/failpoints.js";
 import { FakeCommandRunner, makeContext, taskBody, type TestEnv } from "../runner/test-support.js";
 import type { buildApi } from "./server.js";
 import { buildTestApi } from "./test-api.js";
@@ -34,6 +35,7 @@ beforeEach(async () => {
   await app.ready();
 });
 afterEach(async () => {
+  armFailpoints(undefined);
   await app.close();
   await env.dispose();
 });
@@ -79,6 +81,7 @@ describe("GET endpoints", () => {
       version: PACKAGE_VERSION,
       implementation: "taskshim",
       engine: { status: "unknown" },
+      storage: { status: "ok", since: expect.stringMatching(/^\d{4}-\d\d-\d\dT/) as unknown },
     });
   });
 
@@ -401,5 +404,36 @@ describe("components", () => {
       "not-installed",
       "not-installed",
     ]);
+  });
+});
+
+describe("storage faults", () => {
+  it("a submit the home cannot take answers 503 in plain text, and the task does not exist", async () => {
+    armFailpoints("durable-write:task-state=1*error(ENOSPC)");
+    const body = taskBody();
+    const res = await post("/api/tasks", body);
+    expectTextError(res, 503, /^storage unavailable: ENOSPC: /);
+    expect((await app.inject({ method: "GET", url: `/api/tasks/${String(body.id)}` })).statusCode).toBe(404);
+    const health = (await app.inject({ method: "GET", url: "/api/healthcheck" })).json<{
+      storage: { status: string; error?: string };
+    }>();
+    expect(health.storage).toMatchObject({
+      status: "degraded",
+      error: expect.stringMatching(/^ENOSPC: /) as unknown,
+    });
+    expect((await post("/api/tasks", body)).statusCode).toBe(200);
+    await env.runner.awaitStarts();
+  });
+
+  it("a terminate whose intent cannot be written answers 503 and the task keeps its status", async () => {
+    const id = await submitRunning();
+    armFailpoints("durable-write:task-state=1*error(EIO)");
+    const res = await post(`/api/tasks/${id}/terminate`, { termination_reason: "terminated_by_user" });
+    expectTextError(res, 503, /^storage unavailable: EIO: /);
+    const task = (await app.inject({ method: "GET", url: `/api/tasks/${id}` })).json<{ status: string }>();
+    expect(task.status).toBe("running");
+    expect(
+      (await post(`/api/tasks/${id}/terminate`, { termination_reason: "terminated_by_user" })).statusCode,
+    ).toBe(200);
   });
 });

@@ -6,6 +6,7 @@ import { ComponentRequestError, type ComponentService } from "../components/comp
 import type { DockerClient } from "../docker/docker-client.js";
 import type { GpuInventory } from "../host/gpu-inventory.js";
 import type { Reconciler } from "../runner/reconciler.js";
+import { StorageUnavailableError, type StorageHealth } from "../state/storage-health.js";
 import {
   TaskConflictError,
   TaskOperationError,
@@ -45,6 +46,8 @@ export interface ApiDeps {
   readonly components: ComponentService;
   readonly log: Logger;
   readonly metrics: ShimMetrics;
+  /** The home's storage health (the healthcheck's `storage`); absent: reported ok. */
+  readonly storage?: StorageHealth;
   /** When set, every route but the healthcheck needs `Authorization: Bearer <token>`. */
   readonly authToken?: string;
   /** Starts a graceful (or forced) shutdown; the process exits 0 once it is done. */
@@ -113,6 +116,7 @@ export function buildApi(deps: ApiDeps) {
     if (error instanceof TaskConflictError || error instanceof TaskStateError) {
       return sendText(reply, 409, `request error: ${error.message}`);
     }
+    if (error instanceof StorageUnavailableError) return sendText(reply, 503, error.message);
     if (error instanceof TaskOperationError) return sendText(reply, 500, `internal error: ${error.message}`);
     if (typeof error.statusCode === "number" && error.statusCode >= 400 && error.statusCode < 500) {
       return sendText(reply, error.statusCode, error.message);
@@ -131,6 +135,7 @@ export function buildApi(deps: ApiDeps) {
   });
 
   const id = (request: FastifyRequest): string => (request.params as { id: string }).id;
+  const startedAt = Date.now();
   let taskList = { generation: -1, json: "" };
   const routes: ApiRoute[] = [
     {
@@ -139,12 +144,13 @@ export function buildApi(deps: ApiDeps) {
       summary: "Service name and version (drives dstack's feature gates); never needs a token",
       public: true,
       response: Healthcheck,
-      // `implementation` and `engine` are taskshim extensions; dstack's client ignores them.
+      // `implementation`, `engine` and `storage` are taskshim extensions; dstack's client ignores them.
       handler: () => ({
         service: "dstack-shim",
         version: deps.version,
         implementation: "taskshim",
         engine: engineView(deps.reconciler),
+        storage: storageView(deps.storage, startedAt),
       }),
     },
     {
@@ -343,6 +349,16 @@ function engineView(reconciler: Reconciler): { status: string; since?: string; e
     case "down":
       return { status: "down", since: new Date(health.since).toISOString(), error: health.error };
   }
+}
+
+function storageView(
+  storage: StorageHealth | undefined,
+  startedAt: number,
+): { status: "ok" | "degraded"; since: string; error?: string } {
+  const health = storage?.state() ?? { state: "ok", since: startedAt };
+  return health.state === "ok"
+    ? { status: "ok", since: new Date(health.since).toISOString() }
+    : { status: "degraded", since: new Date(health.since).toISOString(), error: health.error };
 }
 
 function parseTerminate(b: Static<typeof TerminateBody>): {

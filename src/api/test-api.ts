@@ -32,6 +32,7 @@ export function buildTestApi(env: TestEnv, options: TestApiOptions = {}): Return
     components,
     log: env.ctx.log,
     metrics: new ShimMetrics(env.ctx.store),
+    ...(env.ctx.storage ? { storage: env.ctx.storage } : {}),
     requestShutdown: options.requestShutdown ?? (() => undefined),
     ...(options.authToken !== undefined ? { authToken: options.authToken } : {}),
   });

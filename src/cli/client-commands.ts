@@ -159,6 +159,7 @@ async function statusReport(client: ShimClient): Promise<ShimStatusReport> {
     version: health.version,
     implementation: health.implementation ?? null,
     engine: health.engine ?? null,
+    ...(health.storage ? { storage: health.storage } : {}),
     gpu: {
       vendor: info?.gpu_vendor ?? null,
       driver_version: info?.gpu_driver_version ?? null,

@@ -18,6 +18,8 @@ import { restoreTasks } from "../runner/restore.js";
 import type { RunnerContext } from "../runner/runner-context.js";
 import { TaskRunner } from "../runner/task-runner.js";
 import { acquireHomeLock, type HomeLock } from "../state/home-lock.js";
+import { LogFileSink } from "../state/log-file-sink.js";
+import { StorageHealth } from "../state/storage-health.js";
 import { TaskDirs } from "../state/task-dirs.js";
 import { TaskStore } from "../tasks/task-store.js";
 import { VERSION } from "../version.js";
@@ -36,22 +38,18 @@ const REDACT = [
   "req.headers.authorization",
 ];
 
-function createLogger(config: ShimConfig): Logger {
-  return pino(
+function createLogger(config: ShimConfig): { log: Logger; logFile: LogFileSink } {
+  // Not pino.destination: its failed write (a full or read-only disk) is an error event that
+  // ends the process. This sink drops what it cannot write and reopens the file by itself.
+  const logFile = new LogFileSink(join(config.home, "shim.log"));
+  const log = pino(
     { level: config.logLevel, base: { pid: process.pid }, redact: { paths: REDACT, censor: "[redacted]" } },
     pino.multistream([
       { level: config.logLevel, stream: process.stdout },
-      {
-        level: config.logLevel,
-        stream: pino.destination({
-          dest: join(config.home, "shim.log"),
-          append: true,
-          mkdir: true,
-          sync: true,
-        }),
-      },
+      { level: config.logLevel, stream: logFile },
     ]),
   );
+  return { log, logFile };
 }
 
 async function readBootId(path: string): Promise<string> {
@@ -98,7 +96,7 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
   } catch (error) {
     throw new StartupError((error as Error).message, { cause: error });
   }
-  const log = createLogger(config);
+  const { log, logFile } = createLogger(config);
   try {
     armFailpoints(config.testing.failpoints);
   } catch (error) {
@@ -112,6 +110,8 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
     const store = new TaskStore();
     const metrics = new ShimMetrics(store);
     metrics.starts.inc();
+    metrics.logLinesDropped.inc(logFile.state().droppedLines);
+    logFile.onDropped = (lines) => metrics.logLinesDropped.inc(lines);
     const docker = DockerodeClient.fromEnv(process.env.DOCKER_HOST, metrics.countEngineCall);
     try {
       await docker.ping();
@@ -127,6 +127,17 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
       log: (msg, fields) => log.warn(fields ?? {}, msg),
     });
     const params = containerParamsOf(config);
+    // Bound below, once the runner exists: what a degraded home could not take is written when
+    // the probe finds it writable again.
+    let catchUp: () => Promise<boolean> = () => Promise.resolve(true);
+    const storage = new StorageHealth(join(config.home, "runners"), {
+      log: (level, fields, msg) => log[level](fields, msg),
+      observe: (up) => metrics.storageUp.set(up ? 1 : 0),
+      catchUp: () => catchUp(),
+    });
+    // A full or read-only home does not stop the start: it is reported (healthcheck, metric) and
+    // probed until it takes writes again.
+    await storage.check();
     const ctx: RunnerContext = {
       docker,
       store,
@@ -147,13 +158,16 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
       log,
       shutdown: shutdownController.signal,
       observer: metrics.observer,
+      storage,
     };
     const runner = new TaskRunner(ctx);
+    catchUp = () => runner.catchUpStorage();
     const reconciler = new Reconciler(ctx, runner);
     const report = await restoreTasks(ctx);
     // What the restore reconciled (a start cut after its container started) is made durable now,
     // or a container that vanishes before the next change would send the task back to `creating`.
-    for (const id of report.changed) await runner.persister.persist(id);
+    // (On a degraded home they stay not yet durable and are written once it takes writes.)
+    for (const id of report.changed) await runner.persister.persist(id).catch(() => undefined);
     metrics.restoredTasks.set(report.restored);
     metrics.quarantined.set({ kind: "corrupt" }, report.quarantined.length);
     metrics.quarantined.set({ kind: "newer-format" }, report.skippedNewer.length);
@@ -190,6 +204,7 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
       components,
       log,
       metrics,
+      storage,
       ...(authToken !== undefined ? { authToken } : {}),
       requestShutdown: (force) => shutdown(force),
     });
@@ -212,6 +227,7 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
 
     const loop = reconciler.run();
     const events = config.testing.noEvents ? Promise.resolve() : reconciler.followEvents();
+    const probing = storage.run(shutdownController.signal);
     for (const id of report.resumed) runner.startInBackground(id);
 
     function shutdown(force: boolean): void {
@@ -222,7 +238,7 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
         shutdownController.abort(new Error("shim shutting down"));
         runner.cancelPulls();
         await app.close();
-        await Promise.allSettled([loop, events, checked, runner.awaitStarts(), components.settle()]);
+        await Promise.allSettled([loop, events, probing, checked, runner.awaitStarts(), components.settle()]);
         await lock.release();
         log.info("shutdown complete");
         log.flush();

@@ -130,5 +130,28 @@ describe("status report", () => {
     expect(bare).toContain("gpus:         none");
     expect(bare).toContain("tasks:        0\n");
     expect(bare).toContain("quarantined:  -");
+    expect(bare).not.toContain("storage:");
+  });
+
+  it("shows the storage health a taskshim reports, with its error while degraded", () => {
+    const report: ShimStatusReport = {
+      shim: "http://127.0.0.1:10998",
+      service: "dstack-shim",
+      version: "1.0.0",
+      implementation: "taskshim",
+      engine: { status: "up" },
+      storage: {
+        status: "degraded",
+        since: "2025-01-01T00:00:00.000Z",
+        error: "ENOSPC: no space left on device",
+      },
+      gpu: { vendor: null, driver_version: null, in_use: 0 },
+      components: null,
+      tasks: { total: 0, by_status: countByStatus([]) },
+      quarantined_state_files: null,
+    };
+    expect(formatStatusReport(report)).toContain(
+      "storage:      degraded since 2025-01-01T00:00:00.000Z (ENOSPC: no space left on device)\n",
+    );
   });
 });

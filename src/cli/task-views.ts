@@ -59,6 +59,8 @@ export interface ShimStatusReport {
   readonly implementation: string | null;
   /** The engine as the shim's reconciler last saw it; null when the shim does not report it. */
   readonly engine: NonNullable<Healthcheck["engine"]> | null;
+  /** Whether the shim's home takes durable writes; absent when the shim does not report it. */
+  readonly storage?: NonNullable<Healthcheck["storage"]>;
   readonly gpu: {
     readonly vendor: string | null;
     readonly driver_version: string | null;
@@ -97,6 +99,13 @@ export function parseQuarantined(metrics: string): Record<string, number> | unde
   return any ? found : undefined;
 }
 
+/** `degraded since <time> (<error>)`: a health object of the healthcheck, on one line. */
+function healthLine(health: { status: string; since?: string; error?: string }): string {
+  return [health.status, health.since ? `since ${health.since}` : "", health.error ? `(${health.error})` : ""]
+    .filter(Boolean)
+    .join(" ");
+}
+
 /** The human view of `taskshim status`. */
 export function formatStatusReport(report: ShimStatusReport): string {
   const engine = report.engine
@@ -127,6 +136,7 @@ export function formatStatusReport(report: ShimStatusReport): string {
     ["shim", report.shim],
     ["version", `${report.version}${report.implementation ? ` (${report.implementation})` : ""}`],
     ["engine", engine],
+    ...(report.storage ? [["storage", healthLine(report.storage)] as [string, string]] : []),
     ["gpus", gpus],
     ["components", components],
     ["tasks", `${report.tasks.total}${counts ? ` (${counts})` : ""}`],

@@ -39,6 +39,14 @@ const HealthcheckSchema = Type.Object({
       error: Type.Optional(Type.String()),
     }),
   ),
+  /** taskshim extension: whether the shim's home takes durable writes. */
+  storage: Type.Optional(
+    Type.Object({
+      status: Type.String(),
+      since: Type.Optional(Type.String()),
+      error: Type.Optional(Type.String()),
+    }),
+  ),
 });
 const TaskListSchema = Type.Object({ tasks: Type.Array(Type.Object({ id: Type.String(), status: Status })) });
 const TaskInfoSchema = Type.Object({

@@ -5,7 +5,8 @@ export const FAILPOINTS_ENV = "TASKSHIM_FAILPOINTS";
 
 /**
  * What an armed failpoint does: `kill` (SIGKILL to the shim itself, as a crash would),
- * `exit(code)`, `delay(ms)`, `error(message)` (the step throws), `hang` (never returns).
+ * `exit(code)`, `delay(ms)`, `error(message)` (the step throws; `error(EIO)` throws an error
+ * with that errno code), `hang` (never returns).
  * A `N*` prefix fires only the first N times (`after-state:running=1*kill`).
  */
 export type FailpointAction =
@@ -20,9 +21,18 @@ interface Armed {
   remaining: number;
 }
 
-/** A failpoint action fired: the step it guards fails with this error. */
+/**
+ * A failpoint action fired: the step it guards fails with this error. `error(EIO)` (an errno
+ * name as the message) carries that `code`, as the file-system call it stands for would.
+ */
 export class FailpointError extends Error {
   override readonly name = "FailpointError";
+  readonly code: string | undefined;
+  constructor(point: string, message: string) {
+    const errno = /^E[A-Z0-9]+$/.test(message) ? message : undefined;
+    super(errno ? `${errno}: injected by failpoint ${point}` : `failpoint ${point}: ${message}`);
+    this.code = errno;
+  }
 }
 
 /** The spec in FAILPOINTS_ENV cannot be parsed. */
@@ -86,7 +96,7 @@ export function failpoint(point: string): Promise<void> | undefined {
     case "delay":
       return sleep(action.ms);
     case "error":
-      return Promise.reject(new FailpointError(`failpoint ${point}: ${action.message}`));
+      return Promise.reject(new FailpointError(point, action.message));
     case "hang":
       return new Promise<void>(() => undefined);
   }

@@ -3,6 +3,7 @@ import { basename } from "node:path";
 import pLimit from "p-limit";
 import type { TaskContainerSummary } from "../docker/docker-client.js";
 import { gpuIdsFromContainer } from "../host/gpu-inventory.js";
+import type { ScannedTaskDir } from "../state/task-dirs.js";
 import { UnsupportedTaskStateVersionError, type TaskState } from "../state/task-state-file.js";
 import { newTask, type Task } from "../tasks/task.js";
 import { parseTaskConfig } from "../tasks/task-config.js";
@@ -129,9 +130,6 @@ export async function restoreTasks(ctx: RunnerContext): Promise<RestoreReport> {
     });
     if (status === "creating") resumed.push(taskId);
     if (stored?.state.status !== undefined && stored.state.status !== status) changed.push(taskId);
-    // A start cut after its container started: the pull it kept credentials for is over.
-    if (status !== "creating" && stored && PRE_CONTAINER.includes(stored.state.status ?? "running"))
-      await deleteRegistryAuth(stored.dir);
   }
 
   for (const [taskId, { dir, state }] of states) {
@@ -157,6 +155,7 @@ export async function restoreTasks(ctx: RunnerContext): Promise<RestoreReport> {
     if (PRE_CONTAINER.includes(status)) resumed.push(taskId);
   }
 
+  await sweepCredentials(ctx, scanned, skippedNewer);
   const swept = await dirs.sweepLeftovers(new Set(containers.map((c) => c.name)));
   if (swept.length > 0) log.info({ swept }, "leftover task dirs swept");
   log.info(
@@ -172,6 +171,26 @@ export async function restoreTasks(ctx: RunnerContext): Promise<RestoreReport> {
 }
 
 const RESTORE_INSPECT_CONCURRENCY = 16;
+
+/**
+ * Registry credentials are kept only for a pull still to come: they are deleted from every
+ * restored task past `creating` (a start, or a release, that could not delete them — a full
+ * disk, a kill) and from every dir without a valid task.json (a submit cut or failed before
+ * it). A dir of a newer format is left alone.
+ */
+async function sweepCredentials(
+  ctx: RunnerContext,
+  scanned: readonly ScannedTaskDir[],
+  skippedNewer: readonly string[],
+): Promise<void> {
+  const newer = new Set(skippedNewer);
+  const dirs = new Set<string>();
+  for (const entry of scanned) if (entry.kind !== "state" && !newer.has(entry.dir)) dirs.add(entry.dir);
+  for (const task of ctx.store.list()) {
+    if (task.taskDir !== "" && !task.foreign && !PRE_CONTAINER.includes(task.status)) dirs.add(task.taskDir);
+  }
+  await pLimit(RESTORE_INSPECT_CONCURRENCY).map([...dirs], (dir) => deleteRegistryAuth(dir));
+}
 
 /** The state was last written during an earlier boot of this host. */
 function acrossReboot(ctx: RunnerContext, state: TaskState | undefined): boolean {

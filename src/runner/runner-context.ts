@@ -5,6 +5,7 @@ import type { GpuInventory } from "../host/gpu-inventory.js";
 import type { GpuLock } from "../host/gpu-lock.js";
 import type { HostKeysReconciler } from "../host/authorized-keys.js";
 import type { HostVolumes } from "../host/volumes.js";
+import type { StorageHealth } from "../state/storage-health.js";
 import type { TaskDirs } from "../state/task-dirs.js";
 import type { TaskStore } from "../tasks/task-store.js";
 
@@ -22,6 +23,8 @@ export interface RunnerContext {
   readonly log: Logger;
   /** Aborted when the shim shuts down: long operations (pulls) end through it. */
   readonly shutdown: AbortSignal;
+  /** The home's storage health: failed durable writes mark it degraded; optional. */
+  readonly storage?: StorageHealth;
   /** Receives lifecycle facts for metrics; optional. */
   readonly observer?: RunnerObserver;
 }

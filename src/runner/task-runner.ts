@@ -1,4 +1,5 @@
-import { createWriteStream } from "node:fs";
+import { createWriteStream, existsSync } from "node:fs";
+import { unlink } from "node:fs/promises";
 import { join } from "node:path";
 import { buildContainerSpec } from "../docker/container-spec.js";
 import type { ContainerState, PullAuth } from "../docker/docker-client.js";
@@ -12,6 +13,8 @@ import {
 import { consumePullStream, PullTracker } from "../docker/pull-progress.js";
 import { linkedSignal } from "../exec/linked-signal.js";
 import { gpuContainerConfig } from "../host/gpu-inventory.js";
+import { isStorageError, StorageUnavailableError } from "../state/storage-health.js";
+import { TASK_STATE_FILE } from "../state/task-state-file.js";
 import { TaskDirs } from "../state/task-dirs.js";
 import { newTask, type Task, type TaskDraft } from "../tasks/task.js";
 import { sameTaskConfig, type RegistryAuth, type TaskConfig } from "../tasks/task-config.js";
@@ -20,8 +23,13 @@ import { TASK_STATUSES, type TaskStatus } from "../tasks/task-status.js";
 import type { TerminationReason } from "../tasks/termination-reason.js";
 import { IMAGE_PULL_TIMEOUT_MS, LAST_LOG_LINES, type RunnerContext } from "./runner-context.js";
 import { failpoint } from "./failpoints.js";
-import { deleteRegistryAuth, readRegistryAuth, writeRegistryAuth } from "./registry-auth-file.js";
-import { TaskPersister } from "./task-persister.js";
+import {
+  deleteRegistryAuth,
+  readRegistryAuth,
+  REGISTRY_AUTH_FILE,
+  writeRegistryAuth,
+} from "./registry-auth-file.js";
+import { TaskPersistError, TaskPersister } from "./task-persister.js";
 
 /** A submit reused an id with a different config. */
 export class TaskConflictError extends Error {
@@ -73,16 +81,60 @@ export class TaskRunner {
   private readonly imageChecks = new Map<string, Promise<boolean>>();
 
   constructor(private readonly ctx: RunnerContext) {
-    this.persister = new TaskPersister(ctx.store, ctx.bootId, ctx.log);
+    this.persister = new TaskPersister(ctx.store, ctx.bootId, ctx.log, ctx.storage);
   }
 
-  /** Applies a change to a task and makes it durable before returning. */
+  /**
+   * Applies a change to a task and makes it durable before returning. For the shim's own steps
+   * (start, reconciler, release): when the home cannot take the write (a storage error), the
+   * change stays in memory, the task is left *not yet durable* and written once storage is back
+   * (`catchUpStorage`); a restart before that re-derives it from the container, as after a kill.
+   */
   async commit(id: string, fn: (draft: TaskDraft) => void): Promise<Task> {
     const before = this.ctx.store.mustGet(id).status;
     const task = this.ctx.store.modify(id, fn);
-    await this.persister.persist(id);
+    try {
+      await this.persister.persist(id);
+    } catch (error) {
+      if (!(error instanceof TaskPersistError && isStorageError(error.cause))) throw error;
+      this.ctx.log.warn(
+        { taskId: id, status: task.status },
+        "task state not yet durable; written when storage is back",
+      );
+    }
     if (task.status !== before) await failpoint(`after-state:${task.status}`);
     return task;
+  }
+
+  /**
+   * Applies a change that a request asked for only once it is durable: on a failure nothing
+   * changed, in memory or on disk, and the error says whether storage was the cause (HTTP 503).
+   */
+  private async commitDurably(id: string, fn: (draft: TaskDraft) => void): Promise<Task> {
+    try {
+      return await this.persister.persistChange(id, fn);
+    } catch (error) {
+      const cause = error instanceof TaskPersistError ? error.cause : error;
+      if (isStorageError(cause)) throw new StorageUnavailableError(cause);
+      throw error;
+    }
+  }
+
+  /**
+   * Storage is back: writes every task that is not yet durable, and deletes the registry
+   * credentials that a release or a start could not delete meanwhile. True when all is written.
+   */
+  async catchUpStorage(): Promise<boolean> {
+    const written = await this.persister.flush();
+    await Promise.all(
+      this.ctx.store
+        .list()
+        .filter(
+          (t) => t.taskDir !== "" && !t.foreign && (t.status === "running" || t.status === "terminated"),
+        )
+        .map((t) => deleteRegistryAuth(t.taskDir)),
+    );
+    return written;
   }
 
   /**
@@ -101,16 +153,43 @@ export class TaskRunner {
     }
     const { containerName } = this.ctx.store.add(newTask(config));
     const persisted = (async () => {
+      let taskDir = "";
+      let created = false;
+      let stateWritten = false;
       try {
-        const taskDir = await this.ctx.dirs.make(containerName);
+        taskDir = this.ctx.dirs.dirFor(containerName);
+        created = !existsSync(taskDir);
+        await failpoint("durable-write:task-dir");
+        await this.ctx.dirs.make(containerName);
         await failpoint("after-taskdir");
-        if (auth.username !== "" || auth.password !== "") await writeRegistryAuth(taskDir, auth);
-        await this.commit(config.id, (d) => {
+        if (auth.username !== "" || auth.password !== "") {
+          await failpoint("durable-write:registry-auth");
+          await writeRegistryAuth(taskDir, auth);
+        } else {
+          // A submit without credentials must never pull with a file some earlier attempt left.
+          await unlinkIfPresent(join(taskDir, REGISTRY_AUTH_FILE));
+        }
+        this.ctx.store.modify(config.id, (d) => {
           d.taskDir = taskDir;
         });
+        stateWritten = true;
+        await this.persister.persist(config.id);
         await failpoint("after-state:pending");
       } catch (cause) {
+        // Nothing of a failed submit may stay: not the task, not its dir, not its credentials.
         this.ctx.store.delete(config.id);
+        await this.persister.settle(config.id);
+        this.persister.forget(config.id);
+        if (taskDir !== "") await this.discardSubmitDir(taskDir, created, stateWritten);
+        const storageCause = isStorageError(cause)
+          ? cause instanceof TaskPersistError
+            ? cause.cause
+            : cause
+          : await this.storageFault();
+        if (storageCause !== undefined) {
+          this.ctx.storage?.markFailed(storageCause);
+          throw new StorageUnavailableError(storageCause);
+        }
         throw new TaskOperationError(`failed to create task ${config.id}: ${(cause as Error).message}`, {
           cause,
         });
@@ -125,6 +204,28 @@ export class TaskRunner {
     this.ctx.log.info({ taskId: config.id, containerName, image: config.image_name }, "task submitted");
     this.startInBackground(config.id);
     return this.ctx.store.mustGet(config.id);
+  }
+
+  /**
+   * Whether the home's storage is what failed: some calls report a storage fault as something
+   * else (a recursive mkdir on a read-only file system answers ENOENT), so a probe decides.
+   */
+  private async storageFault(): Promise<Error | undefined> {
+    const failed = await this.ctx.storage?.probe();
+    return failed !== undefined && isStorageError(failed) ? failed : undefined;
+  }
+
+  /**
+   * Undoes what a failed submit wrote: a dir it created is deleted (or renamed aside); in a dir
+   * that was already there, only its credentials and state file.
+   */
+  private async discardSubmitDir(taskDir: string, created: boolean, stateWritten: boolean): Promise<void> {
+    if (created) {
+      await this.ctx.dirs.remove(taskDir);
+      return;
+    }
+    await deleteRegistryAuth(taskDir);
+    if (stateWritten) await unlinkIfPresent(join(taskDir, TASK_STATE_FILE)).catch(() => undefined);
   }
 
   /** Starts (or resumes) a task without waiting; `awaitStarts` collects the promises. */
@@ -531,11 +632,17 @@ export class TaskRunner {
     try {
       const before = store.mustGet(id);
       if (before.foreign) throw new TaskStateError(foreignMessage(id));
-      const task = await this.commit(id, (d) => {
-        d.status = "terminated";
-        d.terminationReason = reason;
-        d.terminationMessage = message;
-      });
+      // The intent is durable before anything acts on it; if the home cannot take it, nothing
+      // changed (the reconciler must never stop a container for a terminate the disk lacks).
+      // A terminated task keeps its first reason: there is nothing new to write.
+      const task =
+        before.status === "terminated"
+          ? before
+          : await this.commitDurably(id, (d) => {
+              d.status = "terminated";
+              d.terminationReason = reason;
+              d.terminationMessage = message;
+            });
       if (before.status !== "terminated") {
         log.info({ taskId: id, reason, from: before.status }, "task terminated");
         this.ctx.observer?.taskFinalized(reason);
@@ -577,6 +684,9 @@ export class TaskRunner {
       if (task.status !== "terminated") {
         throw new TaskStateError(`cannot remove task ${id} with ${task.status} status`);
       }
+      // The task dir must be writable before the container goes: a removal the disk cannot
+      // follow would answer 200 and bring the task back at the next start.
+      await this.commitDurably(id, () => undefined);
       try {
         await docker.removeContainer(task.containerId || task.containerName);
       } catch (cause) {
@@ -588,10 +698,20 @@ export class TaskRunner {
       await this.release(id);
       store.delete(id);
       await this.persister.settle(id);
+      this.persister.forget(id);
       if (task.taskDir !== "") await dirs.remove(task.taskDir);
       log.info({ taskId: id }, "task removed");
     } finally {
       unlock();
     }
+  }
+}
+
+/** Deletes a file; a missing one is fine, any other failure is thrown. */
+async function unlinkIfPresent(path: string): Promise<void> {
+  try {
+    await unlink(path);
+  } catch (error) {
+    if ((error as NodeJS.ErrnoException).code !== "ENOENT") throw error;
   }
 }

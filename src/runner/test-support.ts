@@ -28,6 +28,7 @@ import { AuthorizedKeys, HostKeysReconciler, type UserLookup } from "../host/aut
 import { gpuContainerConfig, type GpuInventory } from "../host/gpu-inventory.js";
 import { GpuLock } from "../host/gpu-lock.js";
 import { HostVolumes } from "../host/volumes.js";
+import { StorageHealth } from "../state/storage-health.js";
 import { TaskDirs } from "../state/task-dirs.js";
 import { containerNameFor } from "../tasks/container-name.js";
 import type { PortMapping, Task } from "../tasks/task.js";
@@ -623,6 +624,7 @@ export async function makeContext(overrides: ContextOverrides = {}): Promise<Tes
     bootId: overrides.bootId ?? "00000000-test-boot-id",
     log: overrides.log ?? pino({ level: "silent" }),
     shutdown: shutdownController.signal,
+    storage: overrides.storage ?? new StorageHealth(join(home, "runners")),
   };
   const runner = new TaskRunner(ctx);
   const reconciler = new Reconciler(ctx, runner);

@@ -72,6 +72,17 @@ export class TaskStore {
    * `fn` must be synchronous and fast: no I/O.
    */
   modify(id: string, fn: (draft: TaskDraft) => void): Task {
+    const next = this.preview(id, fn);
+    this.tasks.set(id, next);
+    this.changes++;
+    return next;
+  }
+
+  /**
+   * The task `modify` would store, without storing it: a change that must be durable before it
+   * is visible is written from this, and applied only once the write succeeded.
+   */
+  preview(id: string, fn: (draft: TaskDraft) => void): Task {
     const current = this.mustGet(id);
     const draft: TaskDraft = { ...current };
     fn(draft);
@@ -83,10 +94,7 @@ export class TaskStore {
       draft.terminationReason = current.terminationReason;
       draft.terminationMessage = current.terminationMessage;
     }
-    const next = Object.freeze(draft);
-    this.tasks.set(id, next);
-    this.changes++;
-    return next;
+    return Object.freeze(draft);
   }
 
   /** Removes a task and its lock. */

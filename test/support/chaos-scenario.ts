@@ -59,6 +59,8 @@ export class ChaosStats {
   scenarios = 0;
   kills = 0;
   tasks = 0;
+  /** Storage faults injected (test/storage-faults.test.ts); shown when any were. */
+  storageFaults = 0;
   readonly counts: Record<Category, number> = {
     lost: 0,
     wrong_exit: 0,
@@ -74,7 +76,8 @@ export class ChaosStats {
   /** The one summary line. */
   summary(): string {
     const columns = SUMMARY_COLUMNS.map((c) => `${c}=${this.counts[c]}`).join(" ");
-    return `chaos: scenarios=${this.scenarios} kills=${this.kills} tasks=${this.tasks} ${columns}`;
+    const storage = this.storageFaults > 0 ? ` storage_faults=${this.storageFaults}` : "";
+    return `chaos: scenarios=${this.scenarios} kills=${this.kills} tasks=${this.tasks}${storage} ${columns}`;
   }
 
   /** Sum of every violation counter (summary columns and `other`). */

@@ -1,0 +1,236 @@
+import * as fs from "node:fs";
+import { mkdtemp, readFile, rename, rm, unlink, writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { afterEach, beforeEach, describe, expect, it } from "vitest";
+import { describeFsError, LogFileSink, type LogFileOps } from "./log-file-sink.js";
+
+let dir: string;
+let path: string;
+let clock: number;
+let fault: string | undefined;
+/** Bytes a write may still take before the fake disk is full (undefined: unlimited). */
+let room: number | undefined;
+let notices: string[];
+
+function errno(code: string): NodeJS.ErrnoException {
+  const error = new Error(`${code}: simulated failure, write`) as NodeJS.ErrnoException;
+  error.code = code;
+  return error;
+}
+
+/** Real files in a temp dir; `fault` makes open and write fail, `room` makes the disk fill up. */
+const ops: LogFileOps = {
+  openSync: (...args: Parameters<typeof fs.openSync>) => {
+    if (fault) throw errno(fault);
+    return fs.openSync(...args);
+  },
+  writeSync: ((fd: number, data: string | Buffer, offset?: number, length?: number) => {
+    if (fault) throw errno(fault);
+    const buf = typeof data === "string" ? Buffer.from(data) : data.subarray(offset ?? 0);
+    const len = Math.min(length ?? buf.length, buf.length);
+    if (room !== undefined) {
+      if (room === 0) throw errno("ENOSPC");
+      const n = Math.min(room, len);
+      room -= n;
+      return fs.writeSync(fd, buf, 0, n);
+    }
+    return fs.writeSync(fd, buf, 0, len);
+  }) as typeof fs.writeSync,
+  closeSync: fs.closeSync,
+  fstatSync: fs.fstatSync,
+  statSync: fs.statSync,
+};
+
+function sink(options: { maxPendingBytes?: number } = {}): LogFileSink {
+  return new LogFileSink(path, {
+    fs: ops,
+    now: () => clock,
+    notice: (line) => notices.push(line),
+    retryMs: 1_000,
+    noticeIntervalMs: 60_000,
+    ...options,
+  });
+}
+
+const line = (n: number): string => `{"msg":"line ${n}"}\n`;
+
+beforeEach(async () => {
+  dir = await mkdtemp(join(tmpdir(), "log-sink-"));
+  path = join(dir, "shim.log");
+  clock = 1_000_000;
+  fault = undefined;
+  room = undefined;
+  notices = [];
+});
+afterEach(async () => {
+  await rm(dir, { recursive: true, force: true });
+});
+
+describe("LogFileSink", () => {
+  it("appends lines to the file", async () => {
+    await writeFile(path, "before\n");
+    const s = sink();
+    s.write(line(1));
+    s.write(line(2));
+    expect(await readFile(path, "utf8")).toBe(`before\n${line(1)}${line(2)}`);
+    expect(s.state()).toEqual({ writable: true, pendingBytes: 0, droppedLines: 0 });
+    s.close();
+  });
+
+  it.each(["ENOSPC", "EROFS", "EIO", "EPERM"])(
+    "never throws on %s, keeps the lines and writes them once the file is writable again",
+    async (code) => {
+      const s = sink();
+      s.write(line(1));
+      fault = code;
+      expect(() => s.write(line(2))).not.toThrow();
+      expect(s.state()).toMatchObject({ writable: false, error: `${code}: simulated failure` });
+      expect(notices).toHaveLength(1);
+      expect(notices[0]).toContain(`cannot write ${path} (${code}: simulated failure)`);
+      fault = undefined;
+      s.write(line(3)); // within retryMs of the failure: still buffered
+      expect(await readFile(path, "utf8")).toBe(line(1));
+      clock += 60_000;
+      s.write(line(4));
+      expect(await readFile(path, "utf8")).toBe(`${line(1)}${line(2)}${line(3)}${line(4)}`);
+      expect(s.state()).toEqual({ writable: true, pendingBytes: 0, droppedLines: 0 });
+      expect(notices.at(-1)).toContain("writable again");
+      s.close();
+    },
+  );
+
+  it("bounds what it keeps: lines beyond maxPendingBytes are dropped and counted", () => {
+    const s = sink({ maxPendingBytes: 100 });
+    let counted = 0;
+    s.onDropped = (n) => (counted += n);
+    fault = "ENOSPC";
+    for (let i = 0; i < 50; i++) s.write(line(i));
+    const state = s.state();
+    expect(state.pendingBytes).toBeLessThanOrEqual(100);
+    expect(state.droppedLines).toBe(50 - Math.floor(100 / line(0).length));
+    expect(counted).toBe(state.droppedLines);
+    s.close();
+  });
+
+  it("keeps at most 1 MiB by default while 3,000 lines fail", () => {
+    const s = new LogFileSink(path, { fs: ops, now: () => clock, notice: (l) => notices.push(l) });
+    fault = "ENOSPC";
+    const big = `${JSON.stringify({ msg: "x".repeat(1_000) })}\n`;
+    for (let i = 0; i < 3_000; i++) s.write(big);
+    expect(s.state().pendingBytes).toBeLessThanOrEqual(1024 * 1024);
+    expect(s.state().droppedLines).toBeGreaterThan(3_000 - (1024 * 1024) / big.length - 1);
+    s.close();
+  });
+
+  it("announces on stderr at most once a minute", () => {
+    const s = sink({ maxPendingBytes: 0 });
+    fault = "EIO";
+    for (let i = 0; i < 100; i++) {
+      s.write(line(i));
+      clock += 1_000;
+    }
+    // 100 s of failures: the first notice and one a minute later.
+    expect(notices).toHaveLength(2);
+    expect(notices[1]).toMatch(/\d+ dropped so far/);
+    s.close();
+  });
+
+  it("stays within one notice a minute when the file fails and recovers every 2 s", () => {
+    const s = sink();
+    for (let i = 0; i < 60; i++) {
+      fault = i % 2 === 0 ? "EIO" : undefined;
+      s.write(line(i));
+      clock += 1_000;
+    }
+    expect(notices.length).toBeLessThanOrEqual(1 + Math.ceil(60_000 / 60_000));
+    s.close();
+  });
+
+  it("finishes a line cut by a full disk before the next one", async () => {
+    const s = sink();
+    room = 5;
+    s.write(line(1));
+    expect(s.state().writable).toBe(false);
+    room = undefined;
+    clock += 1_000;
+    s.write(line(2));
+    const text = await readFile(path, "utf8");
+    // The cut line is ended and the rest of it dropped: the next line starts on its own.
+    expect(text).toBe(`${line(1).slice(0, 5)}\n${line(2)}`);
+    expect(s.state().droppedLines).toBe(1);
+    s.close();
+  });
+
+  it("reopens the file when it was deleted or replaced", async () => {
+    const s = sink();
+    s.write(line(1));
+    await unlink(path);
+    clock += 1_000;
+    s.write(line(2));
+    expect(await readFile(path, "utf8")).toBe(line(2));
+    await rename(path, `${path}.1`);
+    await writeFile(path, "");
+    clock += 1_000;
+    s.write(line(3));
+    expect(await readFile(path, "utf8")).toBe(line(3));
+    expect(await readFile(`${path}.1`, "utf8")).toBe(line(2));
+    s.close();
+  });
+
+  it("flushes buffered lines from its retry timer without a new line", async () => {
+    const s = new LogFileSink(path, { fs: ops, retryMs: 20, notice: (l) => notices.push(l) });
+    fault = "EROFS";
+    s.write(line(1));
+    fault = undefined;
+    await new Promise((resolve) => setTimeout(resolve, 100));
+    expect(await readFile(path, "utf8")).toBe(line(1));
+    s.close();
+  });
+});
+
+describe("describeFsError", () => {
+  it("keeps the code and the text, not the syscall or the path", () => {
+    const error = Object.assign(new Error("ENOSPC: no space left on device, write"), { code: "ENOSPC" });
+    expect(describeFsError(error)).toBe("ENOSPC: no space left on device");
+    const open = Object.assign(new Error("EROFS: read-only file system, open '/x/y'"), { code: "EROFS" });
+    expect(describeFsError(open)).toBe("EROFS: read-only file system");
+    expect(describeFsError(Object.assign(new Error("boom"), { code: "EIO" }))).toBe("EIO: boom");
+  });
+});
+
+describe("LogFileSink under pino", () => {
+  it("a failing shim.log neither throws into the log call nor silences stdout", async () => {
+    const { pino } = await import("pino");
+    const { Writable } = await import("node:stream");
+    const stdout: string[] = [];
+    const out = new Writable({
+      write(chunk: Buffer, _encoding, callback) {
+        stdout.push(chunk.toString("utf8"));
+        callback();
+      },
+    });
+    const file = sink({ maxPendingBytes: 64 });
+    const log = pino(
+      { base: null, timestamp: false },
+      pino.multistream([
+        { level: "info", stream: out },
+        { level: "info", stream: file },
+      ]),
+    );
+    log.info("before");
+    fault = "ENOSPC";
+    for (let i = 0; i < 10; i++) expect(() => log.info({ i }, "while full")).not.toThrow();
+    fault = undefined;
+    clock += 1_000;
+    log.info("after");
+    await new Promise((resolve) => setImmediate(resolve));
+    expect(stdout.join("").split("\n").filter(Boolean)).toHaveLength(12);
+    const written = (await readFile(path, "utf8")).split("\n").filter(Boolean);
+    expect(written[0]).toContain('"msg":"before"');
+    expect(written.at(-1)).toContain('"msg":"after"');
+    expect(file.state().droppedLines).toBe(12 - written.length);
+    expect(file.state().droppedLines).toBeGreaterThan(0);
+    file.close();
+  });
+});

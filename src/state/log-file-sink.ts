@@ -1,0 +1,300 @@
+import * as realFs from "node:fs";
+
+/** The synchronous file calls the sink makes; a port so tests can make them fail. */
+export type LogFileOps = Pick<
+  typeof realFs,
+  "openSync" | "writeSync" | "closeSync" | "fstatSync" | "statSync"
+>;
+
+/** Options of {@link LogFileSink}; the defaults are the shim's. */
+export interface LogFileSinkOptions {
+  /** Unwritten bytes kept for a later write; beyond this, lines are dropped (default 1 MiB). */
+  readonly maxPendingBytes?: number;
+  /**
+   * How often a failing file is retried (reopened), and how often a healthy one is checked for
+   * having been deleted or replaced (default 1 s).
+   */
+  readonly retryMs?: number;
+  /** The least time between two notices on stderr (default 60 s). */
+  readonly noticeIntervalMs?: number;
+  readonly fs?: LogFileOps;
+  readonly now?: () => number;
+  /** Where notices go (default: stderr, written synchronously, errors ignored). */
+  readonly notice?: (line: string) => void;
+}
+
+/** What the sink is doing, for metrics and tests. */
+export interface LogFileSinkState {
+  readonly writable: boolean;
+  readonly pendingBytes: number;
+  readonly droppedLines: number;
+  /** `CODE: text` of the last failure while not writable. */
+  readonly error?: string;
+}
+
+const MIB = 1024 * 1024;
+
+function writeStderr(line: string): void {
+  try {
+    realFs.writeSync(2, `${line}\n`);
+  } catch {
+    // stderr itself is gone: nothing left to tell.
+  }
+}
+
+/** `ENOSPC: no space left on device` from a Node file-system error (without the syscall and path). */
+export function describeFsError(error: unknown): string {
+  const message = error instanceof Error ? error.message : String(error);
+  const code = (error as NodeJS.ErrnoException | undefined)?.code;
+  const match = /^([A-Z][A-Z0-9]+): ([^,]*)/.exec(message);
+  if (match) return `${match[1]}: ${match[2]}`;
+  return code ? `${code}: ${message}` : message;
+}
+
+const countLines = (chunk: string): number => {
+  let n = 0;
+  for (let i = chunk.indexOf("\n"); i !== -1; i = chunk.indexOf("\n", i + 1)) n++;
+  return Math.max(n, 1);
+};
+
+/**
+ * The `shim.log` destination of the logger. A write that fails (ENOSPC, EROFS, EIO, EPERM, the
+ * file deleted or replaced) never throws into the caller and never ends the process: the line
+ * waits in a bounded buffer (at most `maxPendingBytes`), lines beyond it are dropped and
+ * counted, the failure is told on stderr at most once a minute, and the file is reopened every
+ * `retryMs` until writes succeed again. It replaces pino's SonicBoom destination, whose failed
+ * write is an `error` event that kills the process (or silences every stream after it).
+ *
+ * Writes are synchronous (as the SonicBoom destination was configured): a line is on its way to
+ * the file system when the log call returns.
+ */
+export class LogFileSink {
+  private fd: number | undefined;
+  /** The file's identity when opened: a different one at the path means it was replaced. */
+  private identity: { dev: number; ino: number } | undefined;
+  private pending: Buffer[] = [];
+  private pendingBytes = 0;
+  private dropped = 0;
+  private failure: { error: string; since: number } | undefined;
+  /** A write stopped inside a line: the next successful write starts on a new line. */
+  private midLine = false;
+  private lastAttemptAt = Number.NEGATIVE_INFINITY;
+  private lastNoticeAt = Number.NEGATIVE_INFINITY;
+  private retryTimer: NodeJS.Timeout | undefined;
+  private readonly fs: LogFileOps;
+  private readonly now: () => number;
+  private readonly maxPendingBytes: number;
+  private readonly retryMs: number;
+  private readonly noticeIntervalMs: number;
+  private readonly notice: (line: string) => void;
+  /** Called with the number of lines each time some are dropped (a metrics counter). */
+  onDropped: ((lines: number) => void) | undefined;
+
+  constructor(
+    readonly path: string,
+    options: LogFileSinkOptions = {},
+  ) {
+    this.fs = options.fs ?? realFs;
+    this.now = options.now ?? Date.now;
+    this.maxPendingBytes = options.maxPendingBytes ?? MIB;
+    this.retryMs = options.retryMs ?? 1_000;
+    this.noticeIntervalMs = options.noticeIntervalMs ?? 60_000;
+    this.notice = options.notice ?? writeStderr;
+  }
+
+  /** The sink's state (writable, buffered bytes, lines dropped so far). */
+  state(): LogFileSinkState {
+    return {
+      writable: this.failure === undefined,
+      pendingBytes: this.pendingBytes,
+      droppedLines: this.dropped,
+      ...(this.failure ? { error: this.failure.error } : {}),
+    };
+  }
+
+  /** Takes one or more complete lines. Never throws. */
+  write(chunk: string): boolean {
+    try {
+      this.writeLines(Buffer.from(chunk, "utf8"), chunk);
+    } catch (error) {
+      // Nothing above should throw; if it does, the line is lost, never the process.
+      this.drop(countLines(chunk));
+      this.fail(error);
+    }
+    return true;
+  }
+
+  /** Writes are synchronous: nothing to flush. (pino calls this on `logger.flush()`.) */
+  flushSync(): void {
+    if (this.failure) this.retry(true);
+  }
+
+  /** Stops retrying and closes the file; later lines are dropped. */
+  close(): void {
+    this.stopRetrying();
+    this.closeFd();
+  }
+
+  private writeLines(data: Buffer, text: string): void {
+    const now = this.now();
+    if (this.failure || this.fd === undefined) {
+      this.retry(false);
+    } else if (now - this.lastAttemptAt >= this.retryMs) {
+      this.lastAttemptAt = now;
+      if (this.replaced()) {
+        this.closeFd();
+        this.retry(true);
+      }
+    }
+    if (this.fd !== undefined && this.pending.length === 0) {
+      const rest = this.writeAll(data);
+      if (rest !== undefined && rest.length > 0) this.enqueue(rest, text);
+      return;
+    }
+    this.enqueue(data, text);
+  }
+
+  /** Whether the path no longer names the open file (deleted, renamed away, replaced). */
+  private replaced(): boolean {
+    if (this.fd === undefined || this.identity === undefined) return false;
+    try {
+      const { dev, ino } = this.fs.statSync(this.path);
+      return dev !== this.identity.dev || ino !== this.identity.ino;
+    } catch {
+      return true;
+    }
+  }
+
+  /**
+   * Writes all of `data`; on a failure returns what was not written (the sink is then failing).
+   * A partial write (a full disk accepts part of a line) leaves the rest for later.
+   */
+  private writeAll(data: Buffer): Buffer | undefined {
+    let offset = 0;
+    try {
+      if (this.midLine) {
+        this.fs.writeSync(this.fd as number, "\n");
+        this.midLine = false;
+      }
+      while (offset < data.length) {
+        offset += this.fs.writeSync(this.fd as number, data, offset, data.length - offset);
+      }
+      return undefined;
+    } catch (error) {
+      this.fail(error);
+      if (offset === 0) return data;
+      // A line cut by a full disk cannot be completed in place: it is ended with a newline on
+      // the next write and the rest of it is dropped, so every other line stays whole.
+      this.midLine = true;
+      const end = data.indexOf(0x0a, offset);
+      if (end !== -1 && end < data.length) this.drop(1);
+      return data.subarray(end === -1 ? data.length : end + 1);
+    }
+  }
+
+  private enqueue(data: Buffer, text: string): void {
+    if (this.pendingBytes + data.length > this.maxPendingBytes) {
+      this.drop(countLines(text));
+      return;
+    }
+    this.pending.push(data);
+    this.pendingBytes += data.length;
+  }
+
+  private drop(lines: number): void {
+    this.dropped += lines;
+    this.onDropped?.(lines);
+    this.announce();
+  }
+
+  /** Reopens the file and writes what is pending; rate-limited to one attempt per `retryMs`. */
+  private retry(force: boolean): void {
+    const now = this.now();
+    if (!force && this.failure && now - this.lastAttemptAt < this.retryMs) return;
+    this.lastAttemptAt = now;
+    if (this.fd === undefined) {
+      try {
+        this.fd = this.fs.openSync(this.path, "a", 0o600);
+        const { dev, ino } = this.fs.fstatSync(this.fd);
+        this.identity = { dev, ino };
+      } catch (error) {
+        this.fd = undefined;
+        this.fail(error);
+        return;
+      }
+    }
+    while (this.pending.length > 0) {
+      const head = this.pending[0] as Buffer;
+      const rest = this.writeAll(head);
+      if (rest !== undefined) {
+        this.pendingBytes -= head.length - rest.length;
+        if (rest.length > 0) this.pending[0] = rest;
+        else this.pending.shift();
+        return;
+      }
+      this.pending.shift();
+      this.pendingBytes -= head.length;
+    }
+    if (this.failure) {
+      const { since } = this.failure;
+      this.failure = undefined;
+      this.stopRetrying();
+      // Under the same once-a-minute limit: a disk that flaps never floods stderr.
+      if (now - this.lastNoticeAt >= this.noticeIntervalMs) {
+        this.lastNoticeAt = now;
+        this.notice(
+          `taskshim: ${this.path} is writable again after ${Math.round((now - since) / 1000)} s; ${this.dropped} log lines dropped so far`,
+        );
+      }
+    }
+  }
+
+  private fail(error: unknown): void {
+    // Reopened on the next attempt: the file may have been replaced, or the mount remounted.
+    this.closeFd();
+    const first = this.failure === undefined;
+    this.failure = { error: describeFsError(error), since: this.failure?.since ?? this.now() };
+    if (first) this.announce();
+    this.startRetrying();
+  }
+
+  /** At most one line per `noticeIntervalMs` on stderr. */
+  private announce(): void {
+    const now = this.now();
+    if (now - this.lastNoticeAt < this.noticeIntervalMs) return;
+    this.lastNoticeAt = now;
+    const why = this.failure?.error ?? "unknown error";
+    this.notice(
+      `taskshim: cannot write ${this.path} (${why}); up to ${Math.round(this.maxPendingBytes / 1024)} KiB of log lines are kept for it, ${this.dropped} dropped so far; stdout logging continues`,
+    );
+  }
+
+  private startRetrying(): void {
+    if (this.retryTimer) return;
+    // Buffered lines reach the file once it is writable again, even if nothing more is logged.
+    this.retryTimer = setInterval(() => {
+      try {
+        this.retry(false);
+      } catch {
+        // never let a timer throw
+      }
+    }, this.retryMs);
+    this.retryTimer.unref();
+  }
+
+  private stopRetrying(): void {
+    if (this.retryTimer) clearInterval(this.retryTimer);
+    this.retryTimer = undefined;
+  }
+
+  private closeFd(): void {
+    if (this.fd === undefined) return;
+    try {
+      this.fs.closeSync(this.fd);
+    } catch {
+      // a close that fails (EIO) still frees the descriptor
+    }
+    this.fd = undefined;
+    this.identity = undefined;
+  }
+}
