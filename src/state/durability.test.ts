@@ -6,7 +6,13 @@ import { AuthorizedKeys, PUBLIC_KEY_MARKER, type UserLookup } from "../host/auth
 import { newTask } from "../tasks/task.js";
 import { taskConfig } from "../runner/test-support.js";
 import { writeFileDurably } from "./durable-write.js";
-import { dirSyncedAfter, durableReplaceViolations, fsJournal, resetFsJournal } from "./fs-journal.js";
+import {
+  dirSyncedAfter,
+  durableReplaceViolations,
+  failNextFsCall,
+  fsJournal,
+  resetFsJournal,
+} from "./fs-journal.js";
 import { TaskDirs } from "./task-dirs.js";
 import { readTaskState, TASK_STATE_FILE, writeTaskState } from "./task-state-file.js";
 
@@ -114,6 +120,34 @@ describe("task dirs", () => {
     expect(removed).toBeGreaterThan(-1);
     expect(dirSyncedAfter(fsJournal, removed, dirs.root)).toBe(true);
     expect(await readdir(dirs.root)).toEqual([]);
+  });
+
+  it("remove renames a dir it cannot delete out of the way to .trash-*, then fsyncs the runners dir", async () => {
+    const dirs = new TaskDirs(root);
+    const dir = await dirs.make("job-1");
+    await writeFile(join(dir, TASK_STATE_FILE), "{}");
+    resetFsJournal();
+    failNextFsCall("rm", dir, "EBUSY");
+    const before = Date.now() * 1000;
+    await dirs.remove(dir);
+    const renamed = lastIndex((e) => e.op === "rename" && e.from === dir);
+    expect(renamed).toBeGreaterThan(-1);
+    const [trash = ""] = await readdir(dirs.root);
+    expect(trash).toMatch(/^\.trash-job-1-\d+$/);
+    expect(Number(trash.slice(".trash-job-1-".length))).toBeGreaterThanOrEqual(before);
+    expect(await readdir(join(dirs.root, trash))).toEqual(expect.arrayContaining([TASK_STATE_FILE]));
+    expect(dirSyncedAfter(fsJournal, renamed, dirs.root)).toBe(true);
+    // The name is free again, and the next sweep deletes the trash.
+    expect(await dirs.sweepLeftovers(new Set())).toEqual([join(dirs.root, trash)]);
+  });
+
+  it("remove gives up quietly when neither the delete nor the rename works", async () => {
+    const dirs = new TaskDirs(root);
+    const dir = await dirs.make("job-1");
+    failNextFsCall("rm", dir, "EBUSY");
+    failNextFsCall("rename", dir, "EBUSY");
+    await expect(dirs.remove(dir)).resolves.toBeUndefined();
+    expect(await readdir(dirs.root)).toEqual(["job-1"]);
   });
 
   it("quarantine renames task.json aside and fsyncs the task dir", async () => {

@@ -25,9 +25,26 @@ export type FsEvent =
 /** Every call made through the wrapped module since the last {@link resetFsJournal}. */
 export const fsJournal: FsEvent[] = [];
 
-/** Empties the journal. */
+/** Failures to inject: the next call of `op` on `path` rejects with `error` (once). */
+const failures: { op: string; path: string; error: Error }[] = [];
+
+/** Empties the journal and forgets injected failures not yet used. */
 export function resetFsJournal(): void {
   fsJournal.length = 0;
+  failures.length = 0;
+}
+
+/**
+ * Makes the next `op` (a `node:fs/promises` function name, e.g. `"rm"`) on `path` reject with
+ * an errno error `code`, as a busy mount or an immutable file would, without touching the disk.
+ */
+export function failNextFsCall(op: string, path: string, code: string): void {
+  failures.push({ op, path: resolve(path), error: Object.assign(new Error(`${code}: injected`), { code }) });
+}
+
+function injected(op: string, path: string): Error | undefined {
+  const at = failures.findIndex((f) => f.op === op && f.path === path);
+  return at === -1 ? undefined : failures.splice(at, 1)[0]?.error;
 }
 
 const WRITE_FLAGS = constants.O_WRONLY | constants.O_RDWR | constants.O_APPEND | constants.O_TRUNC;
@@ -86,7 +103,8 @@ export function journalingFs(real: FsPromises): FsPromises {
   };
   wrapped.rename = (...args: unknown[]) => {
     fsJournal.push({ op: "rename", from: path(args[0]), to: path(args[1]) });
-    return call("rename", args);
+    const failure = injected("rename", path(args[0]));
+    return failure ? Promise.reject(failure) : call("rename", args);
   };
   for (const [name, op] of [
     ["unlink", "unlink"],
@@ -97,7 +115,8 @@ export function journalingFs(real: FsPromises): FsPromises {
   ] as const) {
     wrapped[name] = (...args: unknown[]) => {
       fsJournal.push({ op, path: path(args[0]) });
-      return call(name, args);
+      const failure = injected(name, path(args[0]));
+      return failure ? Promise.reject(failure) : call(name, args);
     };
   }
   // Whole-file calls by path write in place: journaled as an open for writing plus a write.

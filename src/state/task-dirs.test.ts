@@ -211,3 +211,43 @@ describe("TaskDirs.remove", () => {
     expect(await exists(dir)).toBe(false);
   });
 });
+
+describe("TaskDirs.sweepLeftovers", () => {
+  it("is empty when there is no runners dir", async () => {
+    expect(await dirs.sweepLeftovers(new Set())).toEqual([]);
+  });
+
+  it("deletes .trash-* dirs and dirs holding nothing or only an empty runner/, and nothing else", async () => {
+    const emptyRunner = await dirs.make("cut-0-0-11111111");
+    const bare = join(dirs.root, "bare-0-0-22222222");
+    await mkdir(bare);
+    const trash = join(dirs.root, ".trash-old-0-0-33333333-1700000000000000");
+    await mkdir(join(trash, RUNNER_SUBDIR), { recursive: true });
+    await writeFile(join(trash, TASK_STATE_FILE), "{}");
+    // Kept: a state file, a non-empty runner/, another file, a dir a container still uses,
+    // a dot dir that is not trash, and a plain file.
+    const withState = await dirs.make("live-0-0-44444444");
+    await writeTaskState(withState, makeTask("t-live", "live-0-0"), "boot");
+    const busyRunner = await dirs.make("busy-0-0-55555555");
+    await writeFile(join(TaskDirs.runnerDir(busyRunner), "runner.log"), "log");
+    const otherFile = await dirs.make("other-0-0-66666666");
+    await writeFile(join(otherFile, "pull.log"), "");
+    const kept = await dirs.make("kept-0-0-77777777");
+    await mkdir(join(dirs.root, ".hidden"));
+    await writeFile(join(dirs.root, "plain-file"), "");
+
+    const swept = await dirs.sweepLeftovers(new Set([basename(kept)]));
+
+    expect(swept.sort()).toEqual([bare, emptyRunner, trash].sort());
+    expect((await readdir(dirs.root)).sort()).toEqual(
+      [
+        ".hidden",
+        basename(busyRunner),
+        basename(kept),
+        basename(otherFile),
+        basename(withState),
+        "plain-file",
+      ].sort(),
+    );
+  });
+});
