@@ -102,6 +102,17 @@ describe("writeFileDurably", () => {
   });
 });
 
+describe("syncDirectory", () => {
+  it("opens the directory, fsyncs it and closes it", async () => {
+    const { syncDirectory } = await import("./durable-write.js");
+    await syncDirectory(root);
+    const opened = fsJournal.find((e) => e.op === "open" && e.path === root);
+    expect(opened).toBeDefined();
+    const ops = fsJournal.filter((e) => "fd" in e && e.fd === (opened as { fd: number }).fd).map((e) => e.op);
+    expect(ops).toEqual(["open", "sync", "close"]);
+  });
+});
+
 describe("task dirs", () => {
   it("make fsyncs the runners dir after creating the task dir", async () => {
     const dirs = new TaskDirs(root);

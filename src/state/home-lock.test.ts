@@ -4,7 +4,7 @@ import { mkdtemp, rm, stat, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { promisify } from "node:util";
-import { afterEach, beforeEach, describe, expect, it } from "vitest";
+import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
 import { acquireHomeLock, HomeLockedError } from "./home-lock.js";
 
 let home: string;
@@ -23,6 +23,7 @@ describe("acquireHomeLock", () => {
     expect((await stat(socketPath())).isSocket()).toBe(true);
     const refused = await acquireHomeLock(home).catch((e: unknown) => e);
     expect(refused).toBeInstanceOf(HomeLockedError);
+    expect((refused as Error).name).toBe("HomeLockedError");
     expect((refused as Error).message).toBe(`another taskshim is already running with home ${home}`);
     // The refused attempt left the holder's socket alone.
     expect((await stat(socketPath())).isSocket()).toBe(true);
@@ -30,6 +31,18 @@ describe("acquireHomeLock", () => {
     const again = await acquireHomeLock(home);
     await again.release();
   });
+
+  it("knows a live holder from its answer, without waiting out the probe's 1 s timer", async () => {
+    const lock = await acquireHomeLock(home);
+    // With timers frozen, only the holder's accept can settle the probe.
+    vi.useFakeTimers({ toFake: ["setTimeout", "clearTimeout"] });
+    try {
+      await expect(acquireHomeLock(home)).rejects.toBeInstanceOf(HomeLockedError);
+    } finally {
+      vi.useRealTimers();
+      await lock.release();
+    }
+  }, 5_000);
 
   it("takes over a stale socket left by a holder killed with SIGKILL", async () => {
     // A child process takes the lock and is SIGKILLed: its socket file stays, nobody listens.

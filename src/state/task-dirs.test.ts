@@ -214,6 +214,24 @@ describe("TaskDirs.remove", () => {
   });
 });
 
+describe("TaskDirs errors", () => {
+  it("names an unsafe name in the error", () => {
+    const error = (() => {
+      try {
+        return dirs.dirFor("../x");
+      } catch (caught) {
+        return caught as Error;
+      }
+    })() as Error;
+    expect([error.name, error.message]).toEqual(["UnsafeTaskDirError", 'refusing task dir name "../x"']);
+  });
+
+  it("scan passes on an error other than a missing runners dir", async () => {
+    await writeFile(dirs.root, "a file where the runners dir belongs");
+    await expect(dirs.scan()).rejects.toMatchObject({ code: "ENOTDIR" });
+  });
+});
+
 describe("TaskDirs.sweepLeftovers", () => {
   it("is empty when there is no runners dir", async () => {
     expect(await dirs.sweepLeftovers(new Set())).toEqual([]);
