@@ -381,15 +381,16 @@ describe("chaos: SIGKILL at every failpoint, restart without failpoints (A1–A1
     // `created`. A delay in the resumed start's prepare step widens that window to seconds, and
     // a `docker start` from here stands in for the late request.
     await armed("after-create-before-persist");
-    const t = rowTask("a8b-late", { command: ["sh", "-c", "echo ran >> /tmp/runner/runs; exit 0"] });
+    const t = rowTask("a8b-late", {
+      command: ["sh", "-c", "echo ran >> /tmp/runner/runs; exit 0"],
+      fate: { kind: "exits", code: 0, trigger: "self" },
+    });
     await s.submit(t);
     await s.died();
     const [c] = await s.containersOf(t.id);
     expect(c?.state).toBe("created");
     await s.start("after-keys-write=1*delay(2000)");
-    await testDocker()
-      .getContainer(c?.id ?? "")
-      .start();
+    await s.startContainer(c?.id ?? "");
     await waitContainerExit(c?.id ?? "");
     const startedAt = (await inspect(c?.id ?? "")).State.StartedAt;
     await s.containers(); // the tracker records this StartedAt (I6)
@@ -576,6 +577,7 @@ describe("chaos: running tasks across kills and stops (A9, A10, A16, U6)", () =>
       keys: [makeHostKey("a10-oom")],
       memory: 8 * MIB,
       command: waitCommand(0, "echo eating; x=$(yes | head -c 67108864); echo survived; "),
+      fate: { kind: "exits", code: 137, trigger: "go", oom: true },
     });
     const tasks = [ok, failed, oom];
     const running: TaskInfo[] = [];
@@ -808,6 +810,7 @@ describe("chaos: a kill in the middle of an authorized_keys update (S8)", () => 
         k.task({
           image: i === 0 ? images.busybox : unpullable,
           command: ["sh", "-c", "sleep 0.3"],
+          fate: { kind: "exits", code: 0, trigger: "self" },
           keys: [shared, makeHostKey(`s8-${round}-${i}`)],
         }),
       );
@@ -1025,10 +1028,9 @@ describe("chaos: containers changed while the shim is down (W1–W4)", () => {
     await s.died();
 
     // While the shim is down:
-    await testDocker().getContainer(removedInfo.container_id).remove({ force: true }); // W1
+    await s.removeContainer(removedInfo.container_id); // W1
     restartedBefore = (await inspect(restartedInfo.container_id)).State.StartedAt;
-    await testDocker().getContainer(restartedInfo.container_id).restart({ t: 0 }); // W2
-    s.externallyRestarted.add(restartedInfo.container_id);
+    await s.restartContainer(restartedInfo.container_id); // W2
     await createStray("stray-labelled", `${s.prefix}stray-task`); // W3, with a task id label
     await createStray("stray-unlabelled", ""); // W3, without one
     expect(await s.containersOf(neverCreated.id)).toEqual([]); // W4
@@ -1112,9 +1114,7 @@ describe("chaos: containers changed while the shim is down (W1–W4)", () => {
     await s.restart();
     expect((await s.must(t.id)).status).toBe("running"); // adopted from the container (A8)
     await s.kill();
-    await testDocker()
-      .getContainer(c?.id ?? "")
-      .remove({ force: true });
+    await s.removeContainer(c?.id ?? "");
     await s.restart();
     const first = await s.must(t.id);
     expect([first.status, first.termination_reason, first.termination_message]).toEqual([
@@ -1181,6 +1181,7 @@ describe("chaos: random-kill soak (A15)", () => {
           const pause = pick(["0", "0.2", "0.5", "1", "2"]) ?? "0";
           const t = s.task({
             command: ["sh", "-c", `echo short; sleep ${pause}; exit ${exit}`],
+            fate: { kind: "exits", code: exit, trigger: "self" },
             keys,
             ...(gpu ? { gpu } : {}),
           });

@@ -318,6 +318,37 @@ describe("AuthorizedKeys.reconcile", () => {
     await expect(ak.reconcile("ghost", [ALICE])).rejects.toBeInstanceOf(UnknownUserError);
   });
 
+  describe("keepExisting (a degraded task lives: only add, never revoke)", () => {
+    it("keeps every shim entry already present and adds the new keys once", async () => {
+      await seed(`ssh-ed25519 AAAA by-hand\n${ALICE} ${PUBLIC_KEY_MARKER}\n${BOB} ${PUBLIC_KEY_MARKER}\n`);
+      await ak.reconcile("ubuntu", [CAROL, ALICE], { keepExisting: true });
+      expect(await read()).toBe(
+        `ssh-ed25519 AAAA by-hand\n${ALICE} ${PUBLIC_KEY_MARKER}\n${BOB} ${PUBLIC_KEY_MARKER}\n${CAROL} ${PUBLIC_KEY_MARKER}\n`,
+      );
+      // Asked for no key at all, it still revokes nothing.
+      await ak.reconcile("ubuntu", [], { keepExisting: true });
+      expect(await read()).toContain(`${BOB} ${PUBLIC_KEY_MARKER}`);
+      expect(await read()).toContain(`${CAROL} ${PUBLIC_KEY_MARKER}`);
+      // Without it, the set is exact again.
+      await ak.reconcile("ubuntu", [BOB]);
+      expect(await read()).toBe(`ssh-ed25519 AAAA by-hand\n${BOB} ${PUBLIC_KEY_MARKER}\n`);
+    });
+
+    it("on a missing file behaves as a plain reconcile", async () => {
+      await ak.reconcile("ubuntu", [ALICE], { keepExisting: true });
+      expect(await read()).toBe(`${ALICE} ${PUBLIC_KEY_MARKER}\n`);
+    });
+
+    it("is passed on by HostKeysReconciler to every user", async () => {
+      await seed(`${ALICE} ${PUBLIC_KEY_MARKER}\n`);
+      const reconciler = new HostKeysReconciler(ak);
+      await reconciler.reconcile(new Map([["ubuntu", []]]), { keepExisting: true });
+      expect(await read()).toBe(`${ALICE} ${PUBLIC_KEY_MARKER}\n`);
+      await reconciler.reconcile(new Map([["ubuntu", []]]));
+      expect(await read()).toBe("");
+    });
+  });
+
   describe("HostKeysReconciler", () => {
     it("keeps a key shared by two tasks while one of them remains (#4174)", async () => {
       await seed(`${ALICE}\n`); // the same key, added by hand: never ours to remove

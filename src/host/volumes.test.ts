@@ -195,6 +195,54 @@ describe("HostVolumes", () => {
       }
     });
 
+    it.each([
+      ["timed out", () => expired],
+      [
+        "interrupted",
+        (): BoundedOutcome => ({
+          kind: "interrupted",
+          kill: { ok: true },
+          operationElapsedMs: 5,
+          cleanup: {
+            trigger: "interruption",
+            elapsed_ms: 5,
+            reap_grace_ms: 0,
+            io_drain_grace_ms: 0,
+            kill_attempted: true,
+            verified: true,
+            error: null,
+          },
+        }),
+      ],
+      [
+        "killed by a signal",
+        (): BoundedOutcome => ({
+          kind: "exited",
+          code: null,
+          signal: "SIGKILL",
+          stdout: Buffer.alloc(0),
+          stderr: Buffer.alloc(0),
+        }),
+      ],
+    ])(
+      "never formats when blkid %s, first or on a re-probe of a blank-looking disk",
+      async (_label, outcome) => {
+        await symlink("/dev/sdb", join(byId, "google-pd-data"));
+        // First probe: the failure itself. Then: blank twice, and the failure on the last re-probe.
+        for (const failOn of [1, 3]) {
+          let probes = 0;
+          const runner = new FakeRunner(host({ blkid: () => (++probes === failOn ? outcome() : exited(2)) }));
+          const error = await volumes(runner)
+            .prepareVolumes([gcp({ init_fs: true })])
+            .catch((e: unknown) => e);
+          expect(error).toBeInstanceOf(VolumePrepareError);
+          expect((error as Error).cause).toBeInstanceOf(CommandFailedError);
+          expect(probes).toBe(failOn);
+          expect(runner.argvs().some((argv) => /^(mkfs|mount )/.test(argv))).toBe(false);
+        }
+      },
+    );
+
     it("waits a bounded time for a non-empty block device", async () => {
       await symlink("/dev/sdb", join(byId, "google-pd-data"));
       const runner = new FakeRunner(host({ size: "0" }));

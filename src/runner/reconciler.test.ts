@@ -1,6 +1,6 @@
 import { readFile } from "node:fs/promises";
 import { join } from "node:path";
-import { afterEach, beforeEach, describe, expect, it } from "vitest";
+import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
 import { DockerUnavailableError } from "../docker/docker-errors.js";
 import { TASK_STATE_FILE } from "../state/task-state-file.js";
 import { makeContext, waitFor, type TestEnv } from "./test-support.js";
@@ -245,6 +245,51 @@ describe("Reconciler.tick (ProcessTasks cases)", () => {
     const { task } = await env.seedTask({ status: "creating", containerState: "none" });
     await env.reconciler.tick();
     expect(env.ctx.store.mustGet(task.id)).toEqual(task);
+  });
+});
+
+describe("Reconciler: the terminal status is durable before the release", () => {
+  it.each([
+    ["exit 0", 0, "done_by_runner"],
+    ["exit 3", 3, "container_exited_with_error"],
+    ["a vanished container", null, "executor_error"],
+  ] as const)("%s: task.json says terminated when the release starts", async (_label, code, reason) => {
+    const { task, container } = await env.seedTask({ gpus: 1 });
+    if (code === null) env.docker.remove(container!.id);
+    else env.docker.exit(container!.id, code);
+    const seenAtRelease: Record<string, unknown>[] = [];
+    const locksAtRelease: string[][] = [];
+    const release = env.runner.release.bind(env.runner);
+    vi.spyOn(env.runner, "release").mockImplementation(async (id) => {
+      seenAtRelease.push(await stateFile(task.taskDir));
+      locksAtRelease.push([...env.ctx.gpuLock.lockedIds()]);
+      return release(id);
+    });
+    await env.reconciler.tick();
+    expect(seenAtRelease).toHaveLength(1);
+    expect(seenAtRelease[0]).toMatchObject({
+      status: "terminated",
+      termination_reason: reason,
+      exit_code: code,
+    });
+    // The release had not run yet when the status was committed: GPUs still locked then.
+    expect(locksAtRelease[0]).toEqual(task.gpuIds);
+    expect(env.ctx.gpuLock.lockedIds()).toEqual([]);
+  });
+
+  it("a failed commit of the terminal status releases nothing (the next tick retries)", async () => {
+    const { task, container } = await env.seedTask({ gpus: 1 });
+    env.docker.exit(container!.id, 0);
+    const commit = env.runner.commit.bind(env.runner);
+    const spy = vi.spyOn(env.runner, "commit").mockRejectedValueOnce(new Error("disk full"));
+    const release = vi.spyOn(env.runner, "release");
+    await env.reconciler.tick();
+    expect(release).not.toHaveBeenCalled();
+    expect(env.ctx.gpuLock.lockedIds()).toEqual(task.gpuIds);
+    spy.mockImplementation(commit);
+    await env.reconciler.tick();
+    expect(env.ctx.store.mustGet(task.id)).toMatchObject({ status: "terminated", cleanedUp: true });
+    expect(env.ctx.gpuLock.lockedIds()).toEqual([]);
   });
 });
 

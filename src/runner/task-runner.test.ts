@@ -536,6 +536,23 @@ describe("TaskRunner.release", () => {
   });
 });
 
+describe("TaskRunner.reconcileHostKeys with a degraded task alive", () => {
+  it("revokes no key while a task whose keys are unknown lives, and revokes once it ended", async () => {
+    const key = sshEd25519PublicKey("gone@ci");
+    const task = await env.submitAndStart({ host_ssh_user: "ubuntu", host_ssh_keys: [key] });
+    const authorizedKeys = join(env.userHome("ubuntu"), ".ssh", "authorized_keys");
+    expect(readFileSync(authorizedKeys, "utf8")).toContain(key.split(" ")[1]);
+    // A restored task whose state file was lost: its keys may be this very key.
+    const { task: degraded } = await env.seedTask();
+    env.ctx.store.modify(degraded.id, (d) => (d.degraded = true));
+    await env.runner.terminate(task.id, 0, "terminated_by_user", "");
+    expect(readFileSync(authorizedKeys, "utf8")).toContain(key.split(" ")[1]);
+    await env.runner.terminate(degraded.id, 0, "terminated_by_user", "");
+    await env.runner.reconcileHostKeys(["ubuntu"]);
+    expect(readFileSync(authorizedKeys, "utf8")).not.toContain(key.split(" ")[1]);
+  });
+});
+
 describe("restoreTasks", () => {
   it("adopts a running container as running and re-locks its GPUs, touching nothing", async () => {
     const task = await env.submitAndStart({ gpu: 2 });

@@ -21,6 +21,7 @@ export async function writeFileDurably(
   mode = 0o600,
 ): Promise<void> {
   const dir = dirname(target);
+  // Stryker disable next-line UpdateOperator: any change per call keeps the names unique.
   const temp = join(dir, `${tempFilePrefix(target)}${process.pid}-${++counter}`);
   const file = await open(temp, "wx", mode);
   try {

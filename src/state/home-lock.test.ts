@@ -1,7 +1,10 @@
-import { mkdir, mkdtemp, rm } from "node:fs/promises";
+import { execFile } from "node:child_process";
+import { existsSync } from "node:fs";
+import { mkdir, mkdtemp, rm, stat, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { afterEach, beforeEach, describe, expect, it } from "vitest";
+import { promisify } from "node:util";
+import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
 import { acquireHomeLock, HomeLockedError } from "./home-lock.js";
 
 let home: string;
@@ -12,13 +15,76 @@ afterEach(async () => {
   await rm(home, { recursive: true, force: true });
 });
 
+const socketPath = (): string => join(home, ".taskshim.lock");
+
 describe("acquireHomeLock", () => {
-  it("lets one holder in at a time and frees the home on release", async () => {
-    const first = await acquireHomeLock(home);
+  it("holds a Unix socket in the home; a second taker is refused until it is released", async () => {
+    const lock = await acquireHomeLock(home);
+    expect((await stat(socketPath())).isSocket()).toBe(true);
+    const refused = await acquireHomeLock(home).catch((e: unknown) => e);
+    expect(refused).toBeInstanceOf(HomeLockedError);
+    expect((refused as Error).name).toBe("HomeLockedError");
+    expect((refused as Error).message).toBe(`another taskshim is already running with home ${home}`);
+    // The refused attempt left the holder's socket alone.
+    expect((await stat(socketPath())).isSocket()).toBe(true);
+    await lock.release();
+    const again = await acquireHomeLock(home);
+    await again.release();
+  });
+
+  it("knows a live holder from its answer, without waiting out the probe's 1 s timer", async () => {
+    const lock = await acquireHomeLock(home);
+    // With timers frozen, only the holder's accept can settle the probe.
+    vi.useFakeTimers({ toFake: ["setTimeout", "clearTimeout"] });
+    try {
+      await expect(acquireHomeLock(home)).rejects.toBeInstanceOf(HomeLockedError);
+    } finally {
+      vi.useRealTimers();
+      await lock.release();
+    }
+  }, 5_000);
+
+  it("takes over a stale socket left by a holder killed with SIGKILL", async () => {
+    // A child process takes the lock and is SIGKILLed: its socket file stays, nobody listens.
+    const script =
+      `require("node:net").createServer().listen(${JSON.stringify(socketPath())}, () => ` +
+      `process.kill(process.pid, "SIGKILL"))`;
+    await promisify(execFile)(process.execPath, ["-e", script]).catch(() => undefined);
+    expect(existsSync(socketPath())).toBe(true);
+    const lock = await acquireHomeLock(home);
+    expect((await stat(socketPath())).isSocket()).toBe(true);
     await expect(acquireHomeLock(home)).rejects.toBeInstanceOf(HomeLockedError);
-    await first.release();
-    const second = await acquireHomeLock(home);
-    await second.release();
+    await lock.release();
+  });
+
+  it("replaces a plain file in the way, which no process can hold", async () => {
+    await writeFile(socketPath(), "not a socket");
+    const lock = await acquireHomeLock(home);
+    expect((await stat(socketPath())).isSocket()).toBe(true);
+    await lock.release();
+  });
+
+  it("passes on other errors (a home that does not exist) as they are", async () => {
+    const missing = join(home, "missing");
+    const error = await acquireHomeLock(missing).catch((e: unknown) => e);
+    expect(error).not.toBeInstanceOf(HomeLockedError);
+    // libuv reports a socket path in a missing dir as EACCES on Linux.
+    expect(["EACCES", "ENOENT"]).toContain((error as NodeJS.ErrnoException).code);
+  });
+
+  it("release resolves once the socket is closed (a new connection is refused)", async () => {
+    const lock = await acquireHomeLock(home);
+    await lock.release();
+    const { connect } = await import("node:net");
+    const refused = await new Promise<boolean>((resolve) => {
+      const socket = connect(socketPath());
+      socket.once("connect", () => {
+        socket.destroy();
+        resolve(false);
+      });
+      socket.once("error", () => resolve(true));
+    });
+    expect(refused).toBe(true);
   });
 
   it.runIf(process.platform === "linux")(

@@ -1,6 +1,7 @@
 import { chmod, mkdir, mkdtemp, readdir, readFile, rm, stat, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { basename, join } from "node:path";
+import { isMainThread } from "node:worker_threads";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import type { Task } from "../tasks/task.js";
 import { parseTaskConfig } from "../tasks/task-config.js";
@@ -81,7 +82,8 @@ describe("TaskDirs.make", () => {
     expect((await readdir(dir)).sort()).toEqual(["pull.log", "runner"]);
   });
 
-  it("keeps the documented modes under a restrictive umask", async () => {
+  // A worker thread cannot set the umask; StrykerJS runs the unit tests in worker threads.
+  it.skipIf(!isMainThread)("keeps the documented modes under a restrictive umask", async () => {
     const previous = process.umask(0o077);
     try {
       const dir = await dirs.make("job-0-0-umask");
@@ -209,5 +211,63 @@ describe("TaskDirs.remove", () => {
     await dirs.remove(dir);
     await expect(dirs.remove(dir)).resolves.toBeUndefined();
     expect(await exists(dir)).toBe(false);
+  });
+});
+
+describe("TaskDirs errors", () => {
+  it("names an unsafe name in the error", () => {
+    const error = (() => {
+      try {
+        return dirs.dirFor("../x");
+      } catch (caught) {
+        return caught as Error;
+      }
+    })() as Error;
+    expect([error.name, error.message]).toEqual(["UnsafeTaskDirError", 'refusing task dir name "../x"']);
+  });
+
+  it("scan passes on an error other than a missing runners dir", async () => {
+    await writeFile(dirs.root, "a file where the runners dir belongs");
+    await expect(dirs.scan()).rejects.toMatchObject({ code: "ENOTDIR" });
+  });
+});
+
+describe("TaskDirs.sweepLeftovers", () => {
+  it("is empty when there is no runners dir", async () => {
+    expect(await dirs.sweepLeftovers(new Set())).toEqual([]);
+  });
+
+  it("deletes .trash-* dirs and dirs holding nothing or only an empty runner/, and nothing else", async () => {
+    const emptyRunner = await dirs.make("cut-0-0-11111111");
+    const bare = join(dirs.root, "bare-0-0-22222222");
+    await mkdir(bare);
+    const trash = join(dirs.root, ".trash-old-0-0-33333333-1700000000000000");
+    await mkdir(join(trash, RUNNER_SUBDIR), { recursive: true });
+    await writeFile(join(trash, TASK_STATE_FILE), "{}");
+    // Kept: a state file, a non-empty runner/, another file, a dir a container still uses,
+    // a dot dir that is not trash, and a plain file.
+    const withState = await dirs.make("live-0-0-44444444");
+    await writeTaskState(withState, makeTask("t-live", "live-0-0"), "boot");
+    const busyRunner = await dirs.make("busy-0-0-55555555");
+    await writeFile(join(TaskDirs.runnerDir(busyRunner), "runner.log"), "log");
+    const otherFile = await dirs.make("other-0-0-66666666");
+    await writeFile(join(otherFile, "pull.log"), "");
+    const kept = await dirs.make("kept-0-0-77777777");
+    await mkdir(join(dirs.root, ".hidden"));
+    await writeFile(join(dirs.root, "plain-file"), "");
+
+    const swept = await dirs.sweepLeftovers(new Set([basename(kept)]));
+
+    expect(swept.sort()).toEqual([bare, emptyRunner, trash].sort());
+    expect((await readdir(dirs.root)).sort()).toEqual(
+      [
+        ".hidden",
+        basename(busyRunner),
+        basename(kept),
+        basename(otherFile),
+        basename(withState),
+        "plain-file",
+      ].sort(),
+    );
   });
 });

@@ -266,3 +266,99 @@ describe("rejected task.json", () => {
     await expect(readTaskState(dir)).rejects.toMatchObject({ code: "ENOENT" });
   });
 });
+
+describe("rejected task.json: what the error says", () => {
+  const withField = (field: string, value: string) =>
+    DSTACK_SHIM_V1.replace(`"cleaned_up":false`, `"cleaned_up":false,"${field}":${value}`);
+  it.each([
+    ["not JSON", "{", "task state is not valid JSON"],
+    ["an array", "[]", "task state is not a JSON object"],
+    ["null", "null", "task state is not a JSON object"],
+    [
+      "version 0",
+      DSTACK_SHIM_V1.replace(`"version":1`, `"version":0`),
+      "task state has an invalid version 0",
+    ],
+    [
+      "version 1.5",
+      DSTACK_SHIM_V1.replace(`"version":1`, `"version":1.5`),
+      "task state has an invalid version 1.5",
+    ],
+    [
+      "version as text",
+      DSTACK_SHIM_V1.replace(`"version":1`, `"version":"1"`),
+      'task state has an invalid version "1"',
+    ],
+    ["no version", DSTACK_SHIM_V1.replace(`"version":1,`, ""), "task state has an invalid version undefined"],
+    [
+      "an empty id",
+      DSTACK_SHIM_V1.replace(`"id":"${ID}","config"`, `"id":"","config"`),
+      "task state has no id",
+    ],
+    [
+      "a numeric id",
+      DSTACK_SHIM_V1.replace(`"id":"${ID}","config"`, `"id":5,"config"`),
+      "task state has no id",
+    ],
+    [
+      "an id that is not its config's",
+      DSTACK_SHIM_V1.replace(`"id":"${ID}","config"`, `"id":"other","config"`),
+      "task state id does not match its config",
+    ],
+    [
+      "a config without image_name",
+      DSTACK_SHIM_V1.replace(/"image_name":"[^"]*",/, ""),
+      "task state has an invalid config: empty image_name",
+    ],
+    [
+      "a numeric reason",
+      DSTACK_SHIM_V1.replace(`"termination_reason":""`, `"termination_reason":3`),
+      "task state has an invalid termination_reason",
+    ],
+    ["an unknown status", withField("status", '"zombie"'), "task state has an invalid status"],
+    ["a textual exit code", withField("exit_code", '"0"'), "task state has an invalid exit_code"],
+  ])("%s: CorruptTaskStateError with its reason", (_what, text, message) => {
+    let error: unknown;
+    try {
+      decodeTaskState(text);
+    } catch (caught) {
+      error = caught;
+    }
+    expect(error).toBeInstanceOf(CorruptTaskStateError);
+    expect((error as Error).name).toBe("CorruptTaskStateError");
+    expect((error as Error).message).toBe(message);
+  });
+
+  it("keeps the parser's error as the cause", () => {
+    const notJson = (() => {
+      try {
+        return decodeTaskState("{");
+      } catch (error) {
+        return error as Error;
+      }
+    })() as Error;
+    expect(notJson.cause).toBeInstanceOf(SyntaxError);
+    const badConfig = (() => {
+      try {
+        return decodeTaskState(DSTACK_SHIM_V1.replace(/"image_name":"[^"]*",/, ""));
+      } catch (error) {
+        return error as Error;
+      }
+    })() as Error;
+    expect((badConfig.cause as Error).message).toBe("empty image_name");
+  });
+
+  it("names the newer-format error", () => {
+    const error = new UnsupportedTaskStateVersionError(9);
+    expect([error.name, error.version]).toEqual(["UnsupportedTaskStateVersionError", 9]);
+  });
+
+  it("reads a missing reason and a non-text message as empty", () => {
+    const text = DSTACK_SHIM_V1.replace(`"termination_reason":"",`, "").replace(
+      `"termination_message":""`,
+      `"termination_message":42`,
+    );
+    const state = decodeTaskState(text);
+    expect([state.termination_reason, state.termination_message]).toEqual(["", ""]);
+  });
+});

@@ -29,9 +29,33 @@ const execFileAsync = promisify(execFile);
  * lines), its own volume mount root, its own view of the engine (chaos-docker-proxy.ts), a
  * tracker that watches every answer the shim gives and every container sighting, and the
  * oracle of restart-anchors §9.1 (I1, I2, I3 as set equalities, I5/I8, I6).
+ *
+ * The tracker keeps its own books and trusts nothing the shim says: what each task's workload
+ * was programmed to do (its {@link Fate}), every fault the test itself caused (a terminate with
+ * its reason, a remove, a container removed, restarted or started from outside), every
+ * container id seen for the task (API and Docker) and how often the workload really started
+ * (it appends a line to `/tmp/runner/starts` each time). Each terminal status is judged
+ * against those books, never against another answer of the shim.
  */
 
-/** The counters of the summary line; `other` holds violations the line has no column for. */
+/**
+ * The counters of the summary line; `other` holds violations the line has no column for.
+ *
+ * - `lost`: a task answered 200 that is no longer listed (and was not removed), a status that
+ *   went back from running or terminated, a terminal reason or message that changed, a live
+ *   task whose container is gone.
+ * - `wrong_exit`: a terminal status the tracker's books contradict: an invalid reason; an
+ *   exit-based reason (`done_by_runner`, `container_exited_with_error`) whose exit code is not
+ *   the programmed one, or for a workload that was never told to exit; `executor_error`
+ *   "container not found" where the test removed no container; `creating_container_error` or
+ *   another start failure where a container of the task ran; a control-plane reason no
+ *   terminate asked for.
+ * - `restarted_containers`: a second container id for one task (from the API or Docker, the
+ *   first sighting included), a changed StartedAt or a RestartCount above 0, or a workload that
+ *   started more often than the test itself restarted it.
+ * - `leaked_*`: GPUs, host keys, mounts, task dirs or containers held by no live task (or
+ *   missing for a live one), as the I3 set equalities define them.
+ */
 export type Category =
   | "lost"
   | "wrong_exit"
@@ -125,6 +149,21 @@ const STATUS_RANK: Readonly<Record<string, number>> = {
 const PRE_CONTAINER = new Set(["pending", "preparing", "pulling", "creating"]);
 const NEVER_STARTED = "0001-01-01T00:00:00Z";
 
+/**
+ * What a task's workload was programmed to do, recorded by the test when it builds the task:
+ * exit with `code` once the test sends `go` (the default workload) or on its own, be killed by
+ * the kernel for its memory limit (`oom`: exit 137), or run until it is told to stop.
+ */
+export type Fate =
+  | { readonly kind: "exits"; readonly code: number; readonly trigger: "go" | "self"; readonly oom?: boolean }
+  | { readonly kind: "runs-until-told" };
+
+/** The shim's own termination reasons that say the workload exited by itself. */
+const EXIT_BASED: ReadonlySet<string> = new Set(["done_by_runner", "container_exited_with_error"]);
+/** The shim's own reasons for a task whose start failed before a container ran. */
+const START_FAILURES: ReadonlySet<string> = new Set(["creating_container_error", "executor_error"]);
+const CONTAINER_NOT_FOUND = "container not found";
+
 /** A submit body the suite sends (a dstack-shim TaskConfig plus taskshim's `command`). */
 export interface ChaosTaskConfig {
   readonly id: string;
@@ -157,6 +196,23 @@ export interface TrackedTask {
   exitConfirmed: boolean;
   /** A remove was sent (maybe cut by a kill): its container may be gone for a good reason. */
   removeAttempted: boolean;
+  // ---- the tracker's own books: what the test programmed and caused, never the shim's word
+  /** What the workload was programmed to do. */
+  readonly fate: Fate;
+  /** The test created `runner/go` (the default workload then exits with its code). */
+  goSent: boolean;
+  /** Every termination reason a terminate of this task asked for. */
+  readonly terminateReasons: Set<string>;
+  /** The test itself removed the task's container (`docker rm -f` from outside). */
+  containerRemovedByTest: boolean;
+  /** How many times the test itself restarted the task's container. */
+  restartsByTest: number;
+  /** Every container id seen for the task, from the API and from Docker. */
+  readonly containerIds: Set<string>;
+  /** A container of the task ran (seen running, started, or the workload recorded a start). */
+  ran: boolean;
+  /** Violations already counted for this task (each rule counts once per task). */
+  readonly flagged: Set<string>;
 }
 
 /** A scenario container as Docker reports it. */
@@ -193,6 +249,8 @@ export interface TaskOptions {
   readonly memory?: number;
   readonly image?: string;
   readonly registry?: { readonly username: string; readonly password: string };
+  /** What a custom `command` does (required with one: the oracle judges the exit by it). */
+  readonly fate?: Fate;
 }
 
 /** The hand-written authorized_keys every scenario user starts with (no final newline). */
@@ -217,6 +275,16 @@ export function waitCommand(exit: number, before = ""): string[] {
 /** The last five lines the default workload prints. */
 export const WAIT_TASK_TAIL = "l1\nl2\nl3\nl4\nbye";
 
+/** Where a workload records each of its starts (in its task dir's mounted `runner/`). */
+const STARTS_FILE = "starts";
+
+/** A `sh -c` argv that first appends a line to `/tmp/runner/starts`; other argvs unchanged. */
+function recordingStarts(command: readonly string[]): readonly string[] {
+  const [shell, flag, script, ...rest] = command;
+  if (shell !== "sh" || flag !== "-c" || script === undefined) return command;
+  return [shell, flag, `echo started >> /tmp/runner/${STARTS_FILE}; ${script}`, ...rest];
+}
+
 export class Scenario {
   readonly prefix: string;
   readonly dir: string;
@@ -234,6 +302,8 @@ export class Scenario {
   readonly violations: string[] = [];
   shim: ShimProcess | undefined;
   private readonly startedAt = new Map<string, string>();
+  /** The fate of every task built by {@link task}, by id. */
+  private readonly fates = new Map<string, Fate>();
   private readonly processes: ShimProcess[] = [];
   private proxy: DockerProxy | undefined;
   private seq = 0;
@@ -377,11 +447,15 @@ export class Scenario {
     const id = `${this.prefix}${this.seq}`;
     const keys = options.keys ?? [];
     const volumes = options.volumes ?? [];
+    if (options.command !== undefined && options.fate === undefined) {
+      throw new Error(`${this.tag}: a task with its own command needs its programmed fate`);
+    }
+    this.fates.set(id, options.fate ?? { kind: "exits", code: options.exit ?? 0, trigger: "go" });
     return {
       id,
       name: id,
       image_name: options.image ?? this.image,
-      command: options.command ?? waitCommand(options.exit ?? 0),
+      command: recordingStarts(options.command ?? waitCommand(options.exit ?? 0)),
       ...(options.gpu !== undefined ? { gpu: options.gpu } : {}),
       ...(options.memory !== undefined ? { memory: options.memory } : {}),
       ...(keys.length > 0 ? { host_ssh_user: this.user, host_ssh_keys: keys } : {}),
@@ -406,6 +480,14 @@ export class Scenario {
       maxRank: -1,
       exitConfirmed: false,
       removeAttempted: false,
+      fate: this.fates.get(config.id) ?? { kind: "runs-until-told" },
+      goSent: false,
+      terminateReasons: new Set(),
+      containerRemovedByTest: false,
+      restartsByTest: 0,
+      containerIds: new Set(),
+      ran: false,
+      flagged: new Set(),
     };
     this.tracked.set(config.id, t);
     this.stats.tasks += 1;
@@ -448,6 +530,38 @@ export class Scenario {
     const t = this.entry(id);
     const runner = join(this.home, "runners", t.containerName, "runner");
     await writeFile(join(runner, "go"), "");
+    t.goSent = true;
+  }
+
+  // ---------------------------------------------------------------- faults the test causes
+
+  /** The tracked task a container belongs to (by its task id label), if any. */
+  private async ownerOf(containerId: string): Promise<TrackedTask | undefined> {
+    const info = await testDocker().getContainer(containerId).inspect();
+    return this.tracked.get(info.Config.Labels?.[LABEL_TASK_ID] ?? "");
+  }
+
+  /** `docker rm -f` from outside the shim, recorded first (W1). */
+  async removeContainer(containerId: string): Promise<void> {
+    const t = await this.ownerOf(containerId);
+    if (t) t.containerRemovedByTest = true;
+    await testDocker().getContainer(containerId).remove({ force: true });
+  }
+
+  /** `docker restart` from outside the shim, recorded first (W2). */
+  async restartContainer(containerId: string): Promise<void> {
+    const t = await this.ownerOf(containerId);
+    if (t) t.restartsByTest += 1;
+    this.externallyRestarted.add(containerId);
+    await testDocker().getContainer(containerId).restart({ t: 0 });
+  }
+
+  /**
+   * `docker start` of a `created` container from outside, standing in for a killed shim's late
+   * start request: the one start the container may have, so it is not counted as a restart.
+   */
+  async startContainer(containerId: string): Promise<void> {
+    await testDocker().getContainer(containerId).start();
   }
 
   /** GET one task (observed), or undefined on 404. */
@@ -510,7 +624,9 @@ export class Scenario {
     message = "",
     timeout = 0,
   ): Promise<Answer<TaskInfo> | undefined> {
-    this.entry(id).terminateRequested = true;
+    const t = this.entry(id);
+    t.terminateRequested = true;
+    t.terminateReasons.add(reason.toLowerCase());
     try {
       const answer = await this.api.terminate(id, reason, message, timeout);
       if (answer.status === 200) this.observe(answer.json);
@@ -523,6 +639,10 @@ export class Scenario {
   /** POST remove; tracks the outcome. Undefined when the shim died first. */
   async remove(id: string): Promise<Answer | undefined> {
     const t = this.entry(id);
+    // The task dir (with the workload's record of its starts) goes with the task: read it now.
+    await this.checkStarts(t);
+    const state = await this.readState(id);
+    if (t.terminal && state) this.judgeExit(t, t.terminal.reason, undefined, state);
     const before = t.removed;
     t.removed = "maybe";
     t.removeAttempted = true;
@@ -719,19 +839,130 @@ export class Scenario {
       t.terminal = { reason: info.termination_reason, message: info.termination_message };
     }
     if (info.container_id !== "") {
-      if (t.containerId !== undefined && t.containerId !== info.container_id) {
-        this.violation(
-          "restarted_containers",
-          `${info.id}: container recreated (${t.containerId} → ${info.container_id})`,
-        );
-      }
+      this.sawContainer(t, info.container_id, "the API");
+      if (info.status === "running") t.ran = true;
       t.containerId = info.container_id;
+    }
+    if (info.status === "terminated") this.judgeReason(t, info.termination_reason, info.termination_message);
+  }
+
+  /** Counts a violation once per task and rule. */
+  private flag(t: TrackedTask, rule: string, category: Category, message: string): void {
+    if (t.flagged.has(rule)) return;
+    t.flagged.add(rule);
+    this.violation(category, `${t.config.id}: ${message}`);
+  }
+
+  /** Every id ever seen for a task: a second one is a replaced container, however it was seen. */
+  private sawContainer(t: TrackedTask, id: string, source: string): void {
+    if (t.containerIds.has(id)) return;
+    if (t.containerIds.size > 0) {
+      const earlier = [...t.containerIds].map((x) => x.slice(0, 12)).join(",");
+      this.violation(
+        "restarted_containers",
+        `${t.config.id}: a second container ${id.slice(0, 12)} (after ${earlier}), seen through ${source}`,
+      );
+    }
+    t.containerIds.add(id);
+  }
+
+  /**
+   * Judges a terminal reason against the books alone: an exit-based reason needs a workload
+   * programmed to exit that way and told to; "container not found" needs the test to have
+   * removed the container; a start failure needs that no container ever ran; any other reason
+   * must be one a terminate asked for.
+   */
+  private judgeReason(t: TrackedTask, reason: string, message: string): void {
+    if (!VALID_REASONS.has(reason)) {
+      this.flag(t, "reason", "wrong_exit", `invalid reason ${JSON.stringify(reason)}`);
+      return;
+    }
+    const fate = t.fate;
+    if (EXIT_BASED.has(reason)) {
+      if (fate.kind === "runs-until-told") {
+        this.flag(t, "reason", "wrong_exit", `reported ${reason}, but its workload runs until told`);
+      } else if (fate.trigger === "go" && !t.goSent) {
+        this.flag(t, "reason", "wrong_exit", `reported ${reason}, but its workload was never told to exit`);
+      } else if (reason !== (fate.code === 0 ? "done_by_runner" : "container_exited_with_error")) {
+        this.flag(t, "reason", "wrong_exit", `reported ${reason}, but its workload exits ${fate.code}`);
+      }
+    } else if (reason === "executor_error" && message === CONTAINER_NOT_FOUND) {
+      if (!t.containerRemovedByTest) {
+        this.flag(t, "reason", "wrong_exit", `"${CONTAINER_NOT_FOUND}", but the test removed no container`);
+      }
+    } else if (START_FAILURES.has(reason)) {
+      if (t.ran) this.flag(t, "reason", "wrong_exit", `${reason} (${message}), but a container of it ran`);
+    } else if (!t.terminateReasons.has(reason)) {
+      this.flag(t, "reason", "wrong_exit", `reported ${reason}, which no terminate asked for`);
+    }
+  }
+
+  /**
+   * Judges the exit code of an exit-based terminal status: the container's (when it is still
+   * there) and task.json's must both be the programmed one (137 for an OOM kill).
+   */
+  private judgeExit(
+    t: TrackedTask,
+    reason: string,
+    container: ChaosContainer | undefined,
+    state: ChaosTaskState | undefined,
+  ): void {
+    if (!EXIT_BASED.has(reason) || t.fate.kind !== "exits") return;
+    const programmed = t.fate.code;
+    const exited = container !== undefined && (container.state === "exited" || container.state === "dead");
+    if (exited && container.exitCode !== programmed) {
+      this.flag(
+        t,
+        "exit",
+        "wrong_exit",
+        `its container exited ${container.exitCode}, programmed ${programmed}`,
+      );
+    }
+    if (typeof state?.exit_code === "number" && state.exit_code !== programmed) {
+      this.flag(
+        t,
+        "exit",
+        "wrong_exit",
+        `task.json says exit code ${state.exit_code}, programmed ${programmed}`,
+      );
+    }
+    if (exited && t.fate.oom === true && !container.oomKilled) {
+      this.flag(t, "exit", "wrong_exit", "programmed to be OOM-killed, but its container was not");
+    }
+  }
+
+  /**
+   * How often the workload started, from its own record in the task dir: more than once (plus
+   * the restarts the test caused) is a restarted or replaced container, even one never seen.
+   */
+  private async checkStarts(t: TrackedTask): Promise<void> {
+    let text: string;
+    try {
+      text = await readFile(join(this.home, "runners", t.containerName, "runner", STARTS_FILE), "utf8");
+    } catch {
+      return;
+    }
+    const starts = text.split("\n").filter((l) => l === "started").length;
+    if (starts > 0) t.ran = true;
+    const allowed = 1 + t.restartsByTest;
+    if (starts > allowed) {
+      this.flag(
+        t,
+        `starts-${starts}`,
+        "restarted_containers",
+        `its workload started ${starts} times; the test restarted it ${t.restartsByTest} time(s)`,
+      );
     }
   }
 
   /** I6 on every sighting: a container's StartedAt never changes and RestartCount stays 0. */
   private checkContainers(containers: readonly ChaosContainer[]): void {
     for (const c of containers) {
+      const owner = this.tracked.get(c.taskId);
+      if (owner) {
+        this.sawContainer(owner, c.id, "Docker");
+        if (c.startedAt !== "" && c.startedAt !== NEVER_STARTED) owner.ran = true;
+      }
       if (c.restartCount !== 0)
         this.violation("restarted_containers", `${c.name}: RestartCount ${c.restartCount}`);
       if (c.startedAt === "" || c.startedAt === NEVER_STARTED) continue;
@@ -758,6 +989,10 @@ export class Scenario {
     const { infos, containers, states, unsettled } = await this.settle(options.settleMs ?? 10_000);
     for (const u of unsettled) this.violation("other", `not settled: ${u}`);
     const view = new Map(infos.map((i) => [i.id, i]));
+    for (const info of infos) {
+      const t = this.tracked.get(info.id);
+      if (t) await this.checkStarts(t);
+    }
 
     this.checkTasksAndContainers(view, containers, states);
     const live = infos.filter((i) => i.status !== "terminated");
@@ -845,8 +1080,9 @@ export class Scenario {
       if (info.status !== "terminated" || !t) continue;
       const reason = info.termination_reason;
       const state = states.get(info.id);
-      if (!VALID_REASONS.has(reason))
-        this.violation("wrong_exit", `${info.id}: invalid reason ${JSON.stringify(reason)}`);
+      // Against the books: the programmed fate and the faults the test caused.
+      this.judgeReason(t, reason, info.termination_message);
+      this.judgeExit(t, reason, c, state);
       const exitBased = reason === "done_by_runner" || reason === "container_exited_with_error";
       const exited = c !== undefined && (c.state === "exited" || c.state === "dead");
       // A remove is accepted only once the terminal state is durable; it may have removed the
@@ -875,16 +1111,6 @@ export class Scenario {
           }
           if (reason === expected) t.exitConfirmed = true;
         }
-      } else if (
-        exited &&
-        !t.terminateRequested &&
-        reason !== "executor_error" &&
-        reason !== "creating_container_error"
-      ) {
-        this.violation(
-          "wrong_exit",
-          `${info.id}: exited ${c.exitCode} but reported ${reason}, which nobody asked for`,
-        );
       }
       if (!c && state?.exit_code === 0 && !vanishExplained) {
         this.violation("wrong_exit", `${info.id}: container vanished but task.json says exit code 0`);
@@ -984,7 +1210,11 @@ export class Scenario {
   private async probeGpus(live: readonly TaskInfo[]): Promise<void> {
     const held = new Set(live.flatMap((i) => i.gpus_ids ?? []));
     const expectedFree = FIXTURE_GPUS.filter((g) => !held.has(g));
-    const probe = this.task({ gpu: -1, command: ["sh", "-c", "ls /dev/dri 2>/dev/null; echo end; exit 1"] });
+    const probe = this.task({
+      gpu: -1,
+      command: ["sh", "-c", "ls /dev/dri 2>/dev/null; echo end; exit 1"],
+      fate: { kind: "exits", code: 1, trigger: "self" },
+    });
     await this.submit(probe);
     const done = await this.waitTerminated(probe.id);
     const free = done.termination_message

@@ -1,0 +1,212 @@
+import { mkdir, mkdtemp, readdir, readFile, rm, writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
+import { AuthorizedKeys, PUBLIC_KEY_MARKER, type UserLookup } from "../host/authorized-keys.js";
+import { newTask } from "../tasks/task.js";
+import { taskConfig } from "../runner/test-support.js";
+import { writeFileDurably } from "./durable-write.js";
+import {
+  dirSyncedAfter,
+  durableReplaceViolations,
+  failNextFsCall,
+  fsJournal,
+  resetFsJournal,
+} from "./fs-journal.js";
+import { TaskDirs } from "./task-dirs.js";
+import { readTaskState, TASK_STATE_FILE, writeTaskState } from "./task-state-file.js";
+
+/*
+ * Durability pinned where it is decided: the system calls of every write the promise rests on
+ * (task.json, authorized_keys, the task dirs), observed through a journaling node:fs/promises.
+ * A kill -9 never tears a write, so only these tests can see a missing fsync or rename.
+ */
+vi.mock("node:fs/promises", async (importOriginal) =>
+  (await import("./fs-journal.js")).journalingFs(await importOriginal()),
+);
+
+let root: string;
+beforeEach(async () => {
+  root = await mkdtemp(join(tmpdir(), "durability-"));
+  resetFsJournal();
+});
+afterEach(async () => {
+  await rm(root, { recursive: true, force: true });
+});
+
+/** Index of the last journal event matching. */
+const lastIndex = (match: (e: (typeof fsJournal)[number]) => boolean): number =>
+  fsJournal.findLastIndex(match);
+
+describe("task.json", () => {
+  it("is written to a temp file in its dir, fsynced, renamed over, and the dir fsynced", async () => {
+    const task = { ...newTask(taskConfig({ id: "t1" }).config), taskDir: root, status: "running" as const };
+    await writeTaskState(root, task, "boot");
+    expect(durableReplaceViolations(fsJournal, join(root, TASK_STATE_FILE))).toEqual([]);
+    resetFsJournal();
+    // Replacing an existing file takes the same path: never an in-place rewrite.
+    await writeTaskState(root, { ...task, status: "terminated" }, "boot");
+    expect(durableReplaceViolations(fsJournal, join(root, TASK_STATE_FILE))).toEqual([]);
+    expect((await readTaskState(root)).status).toBe("terminated");
+    expect(await readdir(root)).toEqual([TASK_STATE_FILE]);
+  });
+
+  it("the checker itself rejects an in-place write, a missing fsync and a missing dir sync", async () => {
+    // Guards the guard: what the durable write must not be is reported.
+    const target = join(root, "plain.json");
+    await writeFile(target, "{}");
+    expect(durableReplaceViolations(fsJournal, target)).toEqual(
+      expect.arrayContaining(["target opened for writing", "no rename onto the target"]),
+    );
+    resetFsJournal();
+    const { open, rename } = await import("node:fs/promises");
+    const temp = join(root, ".x.tmp");
+    const handle = await open(temp, "wx");
+    await handle.writeFile("x");
+    await handle.close();
+    await rename(temp, target);
+    expect(durableReplaceViolations(fsJournal, target)).toEqual([
+      "temp file not fsynced after its last write",
+      `directory ${root} not fsynced after the rename`,
+    ]);
+  });
+});
+
+describe("writeFileDurably", () => {
+  it("attempts the rename and deletes its temp file when the rename fails", async () => {
+    const target = join(root, "task.json");
+    await mkdir(join(target, "child"), { recursive: true });
+    await expect(writeFileDurably(target, "data")).rejects.toThrow();
+    const renameAt = lastIndex((e) => e.op === "rename" && e.to === target);
+    expect(renameAt).toBeGreaterThan(-1);
+    const temp = (fsJournal[renameAt] as { from: string }).from;
+    expect(lastIndex((e) => e.op === "unlink" && e.path === temp)).toBeGreaterThan(renameAt);
+    expect(await readdir(root)).toEqual(["task.json"]);
+  });
+
+  it("never renames a temp file whose write failed", async () => {
+    const target = join(root, "task.json");
+    await writeFile(target, "old");
+    resetFsJournal();
+    // A Uint8Array subclass whose bytes cannot be read fails the write itself.
+    const poisoned = new Proxy(new Uint8Array(4), {
+      get(t, k) {
+        if (k === "buffer") throw new Error("write failed");
+        return Reflect.get(t, k) as unknown;
+      },
+    });
+    await expect(writeFileDurably(target, poisoned)).rejects.toThrow();
+    expect(fsJournal.some((e) => e.op === "rename")).toBe(false);
+    expect(await readFile(target, "utf8")).toBe("old");
+    expect(await readdir(root)).toEqual(["task.json"]);
+  });
+});
+
+describe("syncDirectory", () => {
+  it("opens the directory, fsyncs it and closes it", async () => {
+    const { syncDirectory } = await import("./durable-write.js");
+    await syncDirectory(root);
+    const opened = fsJournal.find((e) => e.op === "open" && e.path === root);
+    expect(opened).toBeDefined();
+    const ops = fsJournal.filter((e) => "fd" in e && e.fd === (opened as { fd: number }).fd).map((e) => e.op);
+    expect(ops).toEqual(["open", "sync", "close"]);
+  });
+});
+
+describe("task dirs", () => {
+  it("make fsyncs the runners dir after creating the task dir", async () => {
+    const dirs = new TaskDirs(root);
+    const dir = await dirs.make("job-1");
+    const created = lastIndex((e) => e.op === "mkdir" && e.path === dir);
+    expect(created).toBeGreaterThan(-1);
+    expect(dirSyncedAfter(fsJournal, created, dirs.root)).toBe(true);
+  });
+
+  it("remove fsyncs the runners dir after deleting the task dir", async () => {
+    const dirs = new TaskDirs(root);
+    const dir = await dirs.make("job-1");
+    resetFsJournal();
+    await dirs.remove(dir);
+    const removed = lastIndex((e) => e.op === "rm" && e.path === dir);
+    expect(removed).toBeGreaterThan(-1);
+    expect(dirSyncedAfter(fsJournal, removed, dirs.root)).toBe(true);
+    expect(await readdir(dirs.root)).toEqual([]);
+  });
+
+  it("remove renames a dir it cannot delete out of the way to .trash-*, then fsyncs the runners dir", async () => {
+    const dirs = new TaskDirs(root);
+    const dir = await dirs.make("job-1");
+    await writeFile(join(dir, TASK_STATE_FILE), "{}");
+    resetFsJournal();
+    failNextFsCall("rm", dir, "EBUSY");
+    const before = Date.now() * 1000;
+    await dirs.remove(dir);
+    const renamed = lastIndex((e) => e.op === "rename" && e.from === dir);
+    expect(renamed).toBeGreaterThan(-1);
+    const [trash = ""] = await readdir(dirs.root);
+    expect(trash).toMatch(/^\.trash-job-1-\d+$/);
+    expect(Number(trash.slice(".trash-job-1-".length))).toBeGreaterThanOrEqual(before);
+    expect(await readdir(join(dirs.root, trash))).toEqual(expect.arrayContaining([TASK_STATE_FILE]));
+    expect(dirSyncedAfter(fsJournal, renamed, dirs.root)).toBe(true);
+    // The name is free again, and the next sweep deletes the trash.
+    expect(await dirs.sweepLeftovers(new Set())).toEqual([join(dirs.root, trash)]);
+  });
+
+  it("remove gives up quietly when neither the delete nor the rename works", async () => {
+    const dirs = new TaskDirs(root);
+    const dir = await dirs.make("job-1");
+    failNextFsCall("rm", dir, "EBUSY");
+    failNextFsCall("rename", dir, "EBUSY");
+    await expect(dirs.remove(dir)).resolves.toBeUndefined();
+    expect(await readdir(dirs.root)).toEqual(["job-1"]);
+  });
+
+  it("quarantine renames task.json aside and fsyncs the task dir", async () => {
+    const dirs = new TaskDirs(root);
+    const dir = await dirs.make("job-1");
+    await writeFile(join(dir, TASK_STATE_FILE), "not json");
+    resetFsJournal();
+    const aside = await dirs.quarantine(dir);
+    const renamed = lastIndex((e) => e.op === "rename" && e.to === aside);
+    expect(renamed).toBeGreaterThan(-1);
+    expect(dirSyncedAfter(fsJournal, renamed, dir)).toBe(true);
+  });
+
+  it("a sweep fsyncs the runners dir after deleting leftovers", async () => {
+    const dirs = new TaskDirs(root);
+    const dir = await dirs.make("job-1");
+    resetFsJournal();
+    expect(await dirs.sweepLeftovers(new Set())).toEqual([dir]);
+    const removed = lastIndex((e) => e.op === "rm" && e.path === dir);
+    expect(dirSyncedAfter(fsJournal, removed, dirs.root)).toBe(true);
+  });
+});
+
+describe("authorized_keys", () => {
+  const KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIM3w4GVANxwykR9noGY7PCFNXEBbweA+ReD2IuJzgeUW alice@laptop";
+  const lookupIn =
+    (home: string): UserLookup =>
+    (name) =>
+      Promise.resolve({ name, home, uid: process.getuid?.() ?? 0, gid: process.getgid?.() ?? 0 });
+
+  it("is replaced through a fsynced temp file and a rename, then ~/.ssh is fsynced", async () => {
+    const ssh = join(root, ".ssh");
+    await mkdir(ssh);
+    await writeFile(join(ssh, "authorized_keys"), "ssh-ed25519 AAAA kept-by-hand\n");
+    resetFsJournal();
+    await new AuthorizedKeys(lookupIn(root)).reconcile("alice", [KEY]);
+    expect(durableReplaceViolations(fsJournal, join(ssh, "authorized_keys"))).toEqual([]);
+    expect(await readFile(join(ssh, "authorized_keys"), "utf8")).toBe(
+      `ssh-ed25519 AAAA kept-by-hand\n${KEY} ${PUBLIC_KEY_MARKER}\n`,
+    );
+  });
+
+  it("creates ~/.ssh durably (the home is fsynced after the mkdir) before the first file", async () => {
+    await new AuthorizedKeys(lookupIn(root)).reconcile("alice", [KEY]);
+    const ssh = join(root, ".ssh");
+    const created = lastIndex((e) => e.op === "mkdir" && e.path === ssh);
+    expect(created).toBeGreaterThan(-1);
+    expect(dirSyncedAfter(fsJournal, created, root)).toBe(true);
+    expect(durableReplaceViolations(fsJournal, join(ssh, "authorized_keys"))).toEqual([]);
+  });
+});
