@@ -53,6 +53,11 @@ export class ShimMetrics {
     labelNames: ["kind"] as const,
     registers: [this.registry],
   });
+  readonly foreignContainers = new Gauge({
+    name: "taskshim_foreign_containers",
+    help: "Labelled containers on the engine that are not this shim's (another home's, or unclaimed): never acted on",
+    registers: [this.registry],
+  });
   readonly engineUp = new Gauge({
     name: "taskshim_engine_up",
     help: "1 when the Docker Engine answered the last reconcile tick",

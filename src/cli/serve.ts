@@ -16,7 +16,9 @@ import { armFailpoints } from "../runner/failpoints.js";
 import { Reconciler } from "../runner/reconciler.js";
 import { restoreTasks } from "../runner/restore.js";
 import type { RunnerContext } from "../runner/runner-context.js";
+import { ContainerOwnership } from "../runner/ownership.js";
 import { TaskRunner } from "../runner/task-runner.js";
+import { HomeIdentityError, loadHomeIdentity } from "../state/home-identity.js";
 import { acquireHomeLock, type HomeLock } from "../state/home-lock.js";
 import { TaskDirs } from "../state/task-dirs.js";
 import { TaskStore } from "../tasks/task-store.js";
@@ -127,6 +129,18 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
       log: (msg, fields) => log.warn(fields ?? {}, msg),
     });
     const params = containerParamsOf(config);
+    let homeId: string;
+    try {
+      homeId = await loadHomeIdentity(config.home);
+    } catch (error) {
+      if (error instanceof HomeIdentityError) throw new StartupError(error.message, { cause: error });
+      throw new StartupError(`cannot create the home identity: ${(error as Error).message}`, {
+        cause: error,
+      });
+    }
+    const ownership = new ContainerOwnership(homeId, config.adoptUnowned, log, (n) =>
+      metrics.foreignContainers.set(n),
+    );
     const ctx: RunnerContext = {
       docker,
       store,
@@ -143,6 +157,7 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
         diskByIdDir: config.testing.diskByIdDir,
       }),
       params,
+      ownership,
       bootId: await readBootId(config.testing.bootIdFile),
       log,
       shutdown: shutdownController.signal,
@@ -206,7 +221,7 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
     }
     const address = `http://${config.httpAddress}:${config.httpPort}`;
     log.info(
-      { address, version: VERSION, tasks: report.restored, gpus: inventory.gpus.length },
+      { address, version: VERSION, tasks: report.restored, gpus: inventory.gpus.length, homeId },
       "taskshim serving",
     );
 

@@ -3,7 +3,12 @@ import { existsSync, readFileSync } from "node:fs";
 import { mkdir, readdir, readFile, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
-import { LABEL_IS_TASK, LABEL_TASK_ID, type ContainerCreateSpec } from "../docker/docker-client.js";
+import {
+  LABEL_IS_TASK,
+  LABEL_OWNER,
+  LABEL_TASK_ID,
+  type ContainerCreateSpec,
+} from "../docker/docker-client.js";
 import { DockerConflictError } from "../docker/docker-errors.js";
 import { TASK_STATE_FILE } from "../state/task-state-file.js";
 import { containerNameFor } from "../tasks/container-name.js";
@@ -153,7 +158,11 @@ describe("TaskRunner.start", () => {
     const spec = creates[0]?.args[0] as ContainerCreateSpec;
     expect(spec.name).toBe(containerNameFor(task.config.name, task.id));
     expect(spec.name).toMatch(new RegExp(`^${task.config.name}-[0-9a-f]{8}$`));
-    expect(spec.body.Labels).toEqual({ [LABEL_IS_TASK]: "true", [LABEL_TASK_ID]: task.id });
+    expect(spec.body.Labels).toEqual({
+      [LABEL_IS_TASK]: "true",
+      [LABEL_TASK_ID]: task.id,
+      [LABEL_OWNER]: env.ctx.ownership.homeId,
+    });
 
     const container = env.docker.mustFind(spec.name);
     expect(container.state).toBe("running");

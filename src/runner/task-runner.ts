@@ -398,6 +398,7 @@ export class TaskRunner {
           runnerDir: TaskDirs.runnerDir(task.taskDir),
           params: this.ctx.params,
           gpu,
+          owner: this.ctx.ownership.homeId,
         });
         try {
           containerId = await docker.createContainer(spec);
@@ -457,7 +458,26 @@ export class TaskRunner {
         `createContainer error: a container named ${task.containerName} exists and belongs to another task`,
       );
     }
+    // The same task id under another home (the one ownership rule): never adopted.
+    if (!this.ctx.ownership.isOurs(candidate, (taskId) => this.ctx.store.get(taskId) !== undefined)) {
+      throw new StartStepError(
+        "creating_container_error",
+        `createContainer error: a container named ${task.containerName} exists and belongs to another taskshim home`,
+      );
+    }
     return { id: candidate.id, state: candidate.state };
+  }
+
+  /**
+   * The id of this task's container found by name (a task that never recorded one), or "" when
+   * there is none or it is not ours: a container of that name under another home is left alone.
+   */
+  private async ownContainerIdByName(task: Task): Promise<string> {
+    const candidate = await this.ctx.docker.inspectContainer(task.containerName);
+    if (!candidate || candidate.taskId !== task.id) return "";
+    return this.ctx.ownership.isOurs(candidate, (taskId) => this.ctx.store.get(taskId) !== undefined)
+      ? candidate.id
+      : "";
   }
 
   /**
@@ -578,7 +598,8 @@ export class TaskRunner {
         throw new TaskStateError(`cannot remove task ${id} with ${task.status} status`);
       }
       try {
-        await docker.removeContainer(task.containerId || task.containerName);
+        const target = task.containerId || (await this.ownContainerIdByName(task));
+        if (target !== "") await docker.removeContainer(target);
       } catch (cause) {
         throw new TaskOperationError(`failed to remove container task=${id}: ${(cause as Error).message}`, {
           cause,
