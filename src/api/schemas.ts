@@ -37,6 +37,14 @@ export const Healthcheck = Type.Object({
     since: Type.Optional(Type.String()),
     error: Type.Optional(Type.String()),
   }),
+  /** taskshim: whether the home is still the one the shim started on (deleted or replaced → degraded). */
+  home: Type.Optional(
+    Type.Object({
+      status: Type.Union([Type.Literal("ok"), Type.Literal("degraded")]),
+      since: Type.Optional(Type.String()),
+      error: Type.Optional(Type.String()),
+    }),
+  ),
 });
 export const PullProgress = Type.Object({
   downloaded_bytes: Type.Integer(),

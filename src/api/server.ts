@@ -6,6 +6,7 @@ import { ComponentRequestError, type ComponentService } from "../components/comp
 import type { DockerClient } from "../docker/docker-client.js";
 import type { GpuInventory } from "../host/gpu-inventory.js";
 import type { Reconciler } from "../runner/reconciler.js";
+import type { HomeHealth } from "../state/home-watch.js";
 import {
   TaskConflictError,
   TaskOperationError,
@@ -49,6 +50,8 @@ export interface ApiDeps {
   readonly authToken?: string;
   /** Starts a graceful (or forced) shutdown; the process exits 0 once it is done. */
   requestShutdown(force: boolean): void;
+  /** Whether the home is still the one the shim started on (the `home` healthcheck field). */
+  readonly homeHealth?: () => HomeHealth;
 }
 
 const ALL_METHODS: HTTPMethods[] = ["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"];
@@ -145,6 +148,7 @@ export function buildApi(deps: ApiDeps) {
         version: deps.version,
         implementation: "taskshim",
         engine: engineView(deps.reconciler),
+        ...(deps.homeHealth ? { home: homeView(deps.homeHealth()) } : {}),
       }),
     },
     {
@@ -343,6 +347,12 @@ function engineView(reconciler: Reconciler): { status: string; since?: string; e
     case "down":
       return { status: "down", since: new Date(health.since).toISOString(), error: health.error };
   }
+}
+
+function homeView(health: HomeHealth): { status: string; since?: string; error?: string } {
+  return health.status === "ok"
+    ? { status: "ok" }
+    : { status: "degraded", since: new Date(health.since).toISOString(), error: health.error };
 }
 
 function parseTerminate(b: Static<typeof TerminateBody>): {

@@ -19,6 +19,7 @@ import type { RunnerContext } from "../runner/runner-context.js";
 import { ContainerOwnership } from "../runner/ownership.js";
 import { TaskRunner } from "../runner/task-runner.js";
 import { HomeIdentityError, loadHomeIdentity } from "../state/home-identity.js";
+import { HomeWatch } from "../state/home-watch.js";
 import { acquireHomeLock, type HomeLock } from "../state/home-lock.js";
 import { TaskDirs } from "../state/task-dirs.js";
 import { TaskStore } from "../tasks/task-store.js";
@@ -110,6 +111,7 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
   if (config.testing.failpoints) log.warn({ failpoints: config.testing.failpoints }, "failpoints armed");
   const shutdownController = new AbortController();
   const interruption = new AbortController();
+  let stopHomeWatch = (): void => undefined;
   try {
     const store = new TaskStore();
     const metrics = new ShimMetrics(store);
@@ -138,6 +140,8 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
         cause: error,
       });
     }
+    const homeWatch = await HomeWatch.start(config.home, homeId, log);
+    stopHomeWatch = () => homeWatch.stop();
     const ownership = new ContainerOwnership(homeId, config.adoptUnowned, log, (n) =>
       metrics.foreignContainers.set(n),
     );
@@ -207,6 +211,7 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
       metrics,
       ...(authToken !== undefined ? { authToken } : {}),
       requestShutdown: (force) => shutdown(force),
+      homeHealth: () => homeWatch.current(),
     });
     try {
       await app.listen({ host: config.httpAddress, port: config.httpPort });
@@ -238,6 +243,7 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
         runner.cancelPulls();
         await app.close();
         await Promise.allSettled([loop, events, checked, runner.awaitStarts(), components.settle()]);
+        stopHomeWatch();
         await lock.release();
         log.info("shutdown complete");
         log.flush();
@@ -255,6 +261,7 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
     };
   } catch (error) {
     shutdownController.abort();
+    stopHomeWatch();
     await lock.release();
     log.flush();
     throw error;

@@ -1,5 +1,6 @@
+import { createHash } from "node:crypto";
 import { connect, createServer, type Server } from "node:net";
-import { unlink } from "node:fs/promises";
+import { realpath, unlink } from "node:fs/promises";
 import { join } from "node:path";
 
 /** Another shim already serves this home. */
@@ -9,6 +10,8 @@ export class HomeLockedError extends Error {
 
 /** A held single-instance lock; `release()` frees it. */
 export interface HomeLock {
+  /** The home's canonical path the lock is named after. */
+  readonly canonicalHome: string;
   release(): Promise<void>;
 }
 
@@ -20,6 +23,10 @@ function listen(server: Server, path: string): Promise<void> {
       resolve();
     });
   });
+}
+
+function close(server: Server): Promise<void> {
+  return new Promise((resolve) => server.close(() => resolve()));
 }
 
 function isAlive(path: string): Promise<boolean> {
@@ -37,30 +44,63 @@ function isAlive(path: string): Promise<boolean> {
 }
 
 /**
- * Takes the home's single-instance lock: a Unix socket that only a live process can hold.
- * Unlike a pidfile it frees itself when the holder dies (even by SIGKILL), and unlike the
- * HTTP port it is tied to the home, so two shims on one home never run at once whatever
- * ports they use. Node has no flock(2); this is the portable equivalent.
+ * The Linux abstract-namespace socket name of a home's lock: a NUL byte, then a fixed prefix and
+ * the SHA-256 of the home's canonical path (a path can be longer than the 107 bytes a socket
+ * name may have). It lives in the kernel, not in the file system: no `rm` can delete it, and it
+ * vanishes with the process that holds it, even after SIGKILL.
+ */
+export function abstractLockName(canonicalHome: string): string {
+  return `\0taskshim-home-lock:${createHash("sha256").update(canonicalHome).digest("hex")}`;
+}
+
+const alreadyRunning = (home: string): HomeLockedError =>
+  new HomeLockedError(`another taskshim is already running with home ${home}`);
+
+/**
+ * Takes the home's single-instance lock. Two parts:
+ *
+ * - on Linux, an abstract-namespace Unix socket named after the home's canonical path: the
+ *   authority, because deleting the lock file or the whole home cannot free it;
+ * - the socket file `<home>/.taskshim.lock`, as earlier taskshim versions take it, so that an
+ *   older shim on the same home is refused too (and refuses this one).
+ *
+ * Both free themselves when the holder dies. Node has no flock(2); these are its equivalent.
  */
 export async function acquireHomeLock(home: string): Promise<HomeLock> {
-  const path = join(home, ".taskshim.lock");
-  const server = createServer((socket) => socket.end());
-  try {
-    await listen(server, path);
-  } catch (error) {
-    if ((error as NodeJS.ErrnoException).code !== "EADDRINUSE") throw error;
-    if (await isAlive(path)) {
-      throw new HomeLockedError(`another taskshim is already running with home ${home}`);
+  const canonicalHome = await realpath(home);
+  let abstract: Server | undefined;
+  if (process.platform === "linux") {
+    abstract = createServer((socket) => socket.end());
+    try {
+      await listen(abstract, abstractLockName(canonicalHome));
+    } catch (error) {
+      if ((error as NodeJS.ErrnoException).code === "EADDRINUSE") throw alreadyRunning(home);
+      throw error;
     }
-    // The holder died without unlinking its socket: the file is stale.
-    await unlink(path).catch(() => undefined);
-    await listen(server, path);
+    abstract.unref();
   }
-  server.unref();
+  const path = join(home, ".taskshim.lock");
+  const file = createServer((socket) => socket.end());
+  try {
+    try {
+      await listen(file, path);
+    } catch (error) {
+      if ((error as NodeJS.ErrnoException).code !== "EADDRINUSE") throw error;
+      if (await isAlive(path)) throw alreadyRunning(home);
+      // The holder died without unlinking its socket: the file is stale.
+      await unlink(path).catch(() => undefined);
+      await listen(file, path);
+    }
+  } catch (error) {
+    if (abstract) await close(abstract);
+    throw error;
+  }
+  file.unref();
   return {
-    release: () =>
-      new Promise<void>((resolve) => {
-        server.close(() => resolve());
-      }),
+    canonicalHome,
+    release: async () => {
+      await close(file);
+      if (abstract) await close(abstract);
+    },
   };
 }
