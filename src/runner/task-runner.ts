@@ -1,3 +1,4 @@
+import { UserKeysReconcileError } from "../host/authorized-keys.js";
 import { createWriteStream } from "node:fs";
 import { join } from "node:path";
 import { buildContainerSpec } from "../docker/container-spec.js";
@@ -252,7 +253,10 @@ export class TaskRunner {
       try {
         await this.reconcileHostKeys();
       } catch (cause) {
-        throw new StartStepError("executor_error", `host ssh keys: ${(cause as Error).message}`, { cause });
+        // One user's broken ~/.ssh fails only that user's tasks: another user's failure is logged.
+        const own = failureOfUser(cause, config.host_ssh_user);
+        if (own) throw new StartStepError("executor_error", `host ssh keys: ${own.message}`, { cause: own });
+        this.ctx.log.error({ taskId: id, err: cause }, "host ssh keys of other users not reconciled");
       }
       await failpoint("after-keys-write");
     }
@@ -615,4 +619,17 @@ export class TaskRunner {
       unlock();
     }
   }
+}
+
+/**
+ * The error that concerns `user` in a host keys reconcile failure: its own per-user error,
+ * or the whole error when it is not a per-user one; undefined when only other users failed.
+ */
+function failureOfUser(error: unknown, user: string): Error | undefined {
+  if (!(error instanceof AggregateError)) return error as Error;
+  const perUser = error.errors.filter(
+    (e): e is UserKeysReconcileError => e instanceof UserKeysReconcileError,
+  );
+  if (perUser.length !== error.errors.length) return error;
+  return perUser.find((e) => e.user === user);
 }
