@@ -341,12 +341,12 @@ describe("AuthorizedKeys.reconcile", () => {
     await seed(`${BOB}\n`);
     // The swap lands somewhere in the reconcile (before the open of ~/.ssh: refused as a
     // symlink; after it: written into the opened directory); never in the victim.
-    const swapping = new AuthorizedKeys(async () => {
+    const swapping = new AuthorizedKeys(() => {
       setImmediate(() => {
         renameSync(join(home, ".ssh"), join(home, ".ssh-real"));
         symlinkSync(victimDir, join(home, ".ssh"));
       });
-      return { name: "ubuntu", home, uid, gid };
+      return Promise.resolve({ name: "ubuntu", home, uid, gid });
     });
     await swapping.reconcile("ubuntu", [ALICE]).catch(() => undefined);
     expect(await readFile(join(victimDir, "authorized_keys"), "utf8")).toBe("victim\n");
