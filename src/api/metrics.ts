@@ -53,6 +53,11 @@ export class ShimMetrics {
     labelNames: ["kind"] as const,
     registers: [this.registry],
   });
+  readonly connectionsRefused = new Counter({
+    name: "taskshim_http_connections_refused_total",
+    help: "HTTP connections refused because 1,000 were already open",
+    registers: [this.registry],
+  });
   readonly foreignContainers = new Gauge({
     name: "taskshim_foreign_containers",
     help: "Labelled containers on the engine that are not this shim's (another home's, or unclaimed): never acted on",
