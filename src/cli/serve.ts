@@ -1,10 +1,11 @@
 import { existsSync } from "node:fs";
-import { mkdir, readFile } from "node:fs/promises";
+import { chmod, mkdir, readFile, stat } from "node:fs/promises";
 import { join } from "node:path";
 import { pino, type Logger } from "pino";
 import { ShimMetrics } from "../api/metrics.js";
 import { buildApi } from "../api/server.js";
 import { ComponentService } from "../components/component-service.js";
+import { redactUrl, redactUrlsIn } from "../components/redact-url.js";
 import { containerParamsOf, type ShimConfig } from "../config/shim-config.js";
 import { DockerodeClient } from "../docker/dockerode-client.js";
 import { BoundedCommandRunner } from "../exec/run-bounded.js";
@@ -39,18 +40,37 @@ const REDACT = [
   "req.headers.authorization",
 ];
 
-function createLogger(config: ShimConfig): Logger {
+/** pino's error serializer, with every URL in the message and stack redacted. */
+function serializeError(error: Error): ReturnType<typeof pino.stdSerializers.err> {
+  const serialized = pino.stdSerializers.err(error);
+  serialized.message = redactUrlsIn(serialized.message);
+  if (typeof serialized.stack === "string") serialized.stack = redactUrlsIn(serialized.stack);
+  return serialized;
+}
+
+function createLogger(config: ShimConfig, logFile: string): Logger {
   return pino(
-    { level: config.logLevel, base: { pid: process.pid }, redact: { paths: REDACT, censor: "[redacted]" } },
+    {
+      level: config.logLevel,
+      base: { pid: process.pid },
+      redact: { paths: REDACT, censor: "[redacted]" },
+      // URLs lose userinfo and query string wherever they are logged.
+      serializers: {
+        err: serializeError,
+        url: (url: unknown) => (typeof url === "string" ? redactUrl(url) : url),
+      },
+    },
     pino.multistream([
       { level: config.logLevel, stream: process.stdout },
       {
         level: config.logLevel,
         stream: pino.destination({
-          dest: join(config.home, "shim.log"),
+          dest: logFile,
           append: true,
           mkdir: true,
           sync: true,
+          // Only root reads the shim's log: it names users, paths and task configs.
+          mode: 0o600,
         }),
       },
     ]),
@@ -65,8 +85,16 @@ async function readAuthToken(file: string): Promise<string | undefined> {
   if (file === "") return undefined;
   let token: string;
   try {
+    // As sshd with its keys: a secret others may read is refused, with the fix named.
+    const mode = (await stat(file)).mode;
+    if ((mode & 0o077) !== 0) {
+      throw new StartupError(
+        `the auth token file ${file} is accessible by group or others: chmod 600 ${file}`,
+      );
+    }
     token = (await readFile(file, "utf8")).trim();
   } catch (error) {
+    if (error instanceof StartupError) throw error;
     throw new StartupError(`cannot read the auth token file ${file}: ${(error as Error).message}`, {
       cause: error,
     });
@@ -101,7 +129,10 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
   } catch (error) {
     throw new StartupError((error as Error).message, { cause: error });
   }
-  const log = createLogger(config);
+  const logFile = join(config.home, "shim.log");
+  // A log file made by an earlier version (0644) is narrowed too.
+  await chmod(logFile, 0o600).catch(() => undefined);
+  const log = createLogger(config, logFile);
   try {
     armFailpoints(config.testing.failpoints);
   } catch (error) {
