@@ -84,6 +84,19 @@ describe("HTTP edge errors are plain text, one line", () => {
     expect([none.statusCode, none.headers["content-type"]]).toEqual([401, "text/plain; charset=utf-8"]);
   });
 
+  it("answers 400 for env names that are not environment names (__proto__, A=B, empty)", async () => {
+    for (const key of ["__proto__", "A=B", ""]) {
+      const answer = await app.inject({
+        method: "POST",
+        url: "/api/tasks",
+        headers: { authorization: "Bearer a-token-of-at-least-16-chars", "content-type": "application/json" },
+        payload: `{"id":"env-1","name":"env","image_name":"busybox","env":{${JSON.stringify(key)}:"x"}}`,
+      });
+      expect([answer.statusCode, answer.body]).toEqual([400, `invalid env name: ${JSON.stringify(key)}\n`]);
+    }
+    expect(env.ctx.store.list()).toEqual([]);
+  });
+
   it("accepts the bearer scheme in any case", async () => {
     for (const scheme of ["Bearer", "bearer", "BEARER"]) {
       const answer = await app.inject({

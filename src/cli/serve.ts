@@ -1,3 +1,4 @@
+import { setMaxListeners } from "node:events";
 import { existsSync } from "node:fs";
 import { chmod, mkdir, readFile, stat } from "node:fs/promises";
 import { join } from "node:path";
@@ -142,6 +143,10 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
   if (config.testing.failpoints) log.warn({ failpoints: config.testing.failpoints }, "failpoints armed");
   const shutdownController = new AbortController();
   const interruption = new AbortController();
+  // Every Docker call and command in flight listens on these process-wide signals (and removes
+  // its listener when it settles: linked-signal.ts), so their count follows the work in flight,
+  // e.g. 16 inspects at once in a restore: Node's leak heuristic of 10 does not apply to them.
+  setMaxListeners(0, shutdownController.signal, interruption.signal);
   let stopHomeWatch = (): void => undefined;
   try {
     const store = new TaskStore();
