@@ -3,12 +3,14 @@ import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { LABEL_IS_TASK, LABEL_OWNER, LABEL_TASK_ID } from "../docker/docker-client.js";
 import { TASK_STATE_FILE } from "../state/task-state-file.js";
+import { containerNameFor } from "../tasks/container-name.js";
 import { ContainerOwnership } from "./ownership.js";
 import { restoreTasks } from "./restore.js";
 import {
   capturingLogger,
   makeContext,
   sshEd25519PublicKey,
+  taskConfig,
   TEST_HOME_ID,
   type TestEnv,
 } from "./test-support.js";
@@ -91,6 +93,17 @@ describe("ownership in the lifecycle", () => {
     await env.runner.remove(mine.id);
     expect(env.docker.find(twin.id)?.state).toBe("running");
     expect(env.docker.callsOf("stopContainer").some((call) => call.args[0] === twin.id)).toBe(false);
+  });
+
+  it("a create that meets another home's container of the same name fails instead of adopting it", async () => {
+    const { config } = taskConfig();
+    const name = containerNameFor(config.name, config.id);
+    const other = env.docker.addContainer({ name, labels: labels(config.id, "home-b"), state: "created" });
+    const task = await env.submitAndStart({ id: config.id, name: config.name });
+    expect(task.status).toBe("terminated");
+    expect(task.terminationMessage).toContain("belongs to another taskshim home");
+    expect(env.docker.find(other.id)?.state).toBe("created");
+    expect(env.docker.count("startContainer")).toBe(0);
   });
 
   it("events of a foreign container kick nothing", async () => {
