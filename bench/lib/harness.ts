@@ -225,6 +225,7 @@ export class Bench {
       runnerDir,
       params,
       gpu: undefined,
+      owner: "bench",
     });
     return { ...spec.body, name: spec.name, Labels: { [BENCH_LABEL]: "1" } };
   }

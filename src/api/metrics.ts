@@ -53,6 +53,16 @@ export class ShimMetrics {
     labelNames: ["kind"] as const,
     registers: [this.registry],
   });
+  readonly connectionsRefused = new Counter({
+    name: "taskshim_http_connections_refused_total",
+    help: "HTTP connections refused because 1,000 were already open",
+    registers: [this.registry],
+  });
+  readonly foreignContainers = new Gauge({
+    name: "taskshim_foreign_containers",
+    help: "Labelled containers on the engine that are not this shim's (another home's, or unclaimed): never acted on",
+    registers: [this.registry],
+  });
   readonly engineUp = new Gauge({
     name: "taskshim_engine_up",
     help: "1 when the Docker Engine answered the last reconcile tick",

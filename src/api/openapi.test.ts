@@ -105,7 +105,7 @@ describe("--auth-token-file", () => {
       `Bearer ${TOKEN.slice(1)}`,
       TOKEN,
       "Bearer ",
-      `bearer ${TOKEN}`,
+      `Basic ${TOKEN}`,
     ]) {
       expect(
         (await app.inject({ method: "GET", url: "/api/tasks", headers: { authorization } })).statusCode,

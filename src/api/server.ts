@@ -1,4 +1,6 @@
 import { createHash, timingSafeEqual } from "node:crypto";
+import type { Socket } from "node:net";
+import { constants as osConstants } from "node:os";
 import Fastify, { LogController, type FastifyReply, type FastifyRequest, type HTTPMethods } from "fastify";
 import type { Static, TSchema } from "typebox";
 import type { Logger } from "pino";
@@ -7,6 +9,7 @@ import type { DockerClient } from "../docker/docker-client.js";
 import type { GpuInventory } from "../host/gpu-inventory.js";
 import type { Reconciler } from "../runner/reconciler.js";
 import { StorageUnavailableError, type StorageHealth } from "../state/storage-health.js";
+import type { HomeHealth } from "../state/home-watch.js";
 import {
   TaskConflictError,
   TaskOperationError,
@@ -52,6 +55,8 @@ export interface ApiDeps {
   readonly authToken?: string;
   /** Starts a graceful (or forced) shutdown; the process exits 0 once it is done. */
   requestShutdown(force: boolean): void;
+  /** Whether the home is still the one the shim started on (the `home` healthcheck field). */
+  readonly homeHealth?: () => HomeHealth;
 }
 
 const ALL_METHODS: HTTPMethods[] = ["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"];
@@ -69,7 +74,7 @@ function sendText(reply: FastifyReply, status: number, message: string): Fastify
     .code(status)
     .header("content-type", "text/plain; charset=utf-8")
     .header("x-content-type-options", "nosniff")
-    .send(`${message}\n`);
+    .send(`${status >= 400 ? oneLineMessage(message) : message}\n`);
 }
 
 function body(request: FastifyRequest): Record<string, unknown>;
@@ -89,6 +94,16 @@ export function buildApi(deps: ApiDeps) {
     loggerInstance: deps.log,
     logController: new LogController({ disableRequestLogging: true }),
     bodyLimit: BODY_LIMIT_BYTES,
+    // A client that trickles its headers or body is cut (408, then closed): it cannot hold a
+    // connection for ever. Node checks these deadlines every `connectionsCheckingInterval`.
+    requestTimeout: HTTP_LIMITS.requestTimeoutMs,
+    http: {
+      headersTimeout: HTTP_LIMITS.headersTimeoutMs,
+      requestTimeout: HTTP_LIMITS.requestTimeoutMs,
+      connectionsCheckingInterval: HTTP_LIMITS.checkIntervalMs,
+    },
+    // Errors of the HTTP parser (malformed request 400, 408, 431) answered in plain text too.
+    clientErrorHandler: answerClientError,
     forceCloseConnections: "idle",
     // Both answered below in plain text, as every other error is.
     return503OnClosing: false,
@@ -125,6 +140,9 @@ export function buildApi(deps: ApiDeps) {
     return sendText(reply, 500, "internal error");
   });
   app.setNotFoundHandler((_request, reply) => sendText(reply, 404, "404 page not found"));
+  // Beyond the cap Node drops a new connection at once (no answer), counted in the metric.
+  app.server.maxConnections = HTTP_LIMITS.maxConnections;
+  app.server.on("drop", () => deps.metrics.connectionsRefused.inc());
   let closing = false;
   app.addHook("preClose", (done) => {
     closing = true;
@@ -150,7 +168,7 @@ export function buildApi(deps: ApiDeps) {
         version: deps.version,
         implementation: "taskshim",
         engine: engineView(deps.reconciler),
-        storage: storageView(deps.storage, startedAt),
+        storage: storageView(deps.storage, startedAt, deps.homeHealth?.()),
       }),
     },
     {
@@ -310,12 +328,17 @@ export function buildApi(deps: ApiDeps) {
     const open = new Set(routes.filter((r) => r.public).map((r) => r.url));
     app.addHook("onRequest", async (request, reply) => {
       if (open.has(request.routeOptions.url ?? "")) return;
-      const header = request.headers.authorization ?? "";
-      const token = header.startsWith("Bearer ") ? header.slice("Bearer ".length) : "";
+      // The scheme is case-insensitive (RFC 9110 §11.1): "bearer" is "Bearer".
+      const token = /^bearer +(\S+) *$/i.exec(request.headers.authorization ?? "")?.[1] ?? "";
       // Hashing first gives equal lengths, so the comparison takes the same time for any token.
       const given = createHash("sha256").update(token).digest();
       if (token === "" || !timingSafeEqual(given, expected)) {
-        await sendText(reply.header("www-authenticate", "Bearer"), 401, "unauthorized");
+        // Closed after the answer: a body still on its way is not read any longer.
+        await sendText(
+          reply.header("www-authenticate", "Bearer").header("connection", "close"),
+          401,
+          "unauthorized",
+        );
       }
     });
   }
@@ -339,6 +362,59 @@ export function buildApi(deps: ApiDeps) {
   return app;
 }
 
+/** The HTTP edge's limits (docs/api.md, "Limits"). */
+export const HTTP_LIMITS = {
+  /** The request line and headers must arrive within this. */
+  headersTimeoutMs: 10_000,
+  /** The whole request, body included, must arrive within this. */
+  requestTimeoutMs: 30_000,
+  /** How often Node checks the two deadlines above. */
+  checkIntervalMs: 1_000,
+  /** Concurrent connections; more are refused (closed at once) and counted. */
+  maxConnections: 1_000,
+} as const;
+
+const CLIENT_ERRORS: Readonly<Record<string, readonly [number, string]>> = {
+  HPE_HEADER_OVERFLOW: [431, "Request Header Fields Too Large"],
+  ERR_HTTP_REQUEST_TIMEOUT: [408, "Request Timeout"],
+};
+
+/**
+ * Answers what Node's HTTP parser refused (fastify's own handler answers JSON): one plain-text
+ * line, then the connection is closed. Nothing is written once an answer has begun.
+ */
+function answerClientError(error: Error & { code?: string }, socket: Socket): void {
+  const answered = (socket as Socket & { _httpMessage?: { headersSent?: boolean } })._httpMessage
+    ?.headersSent;
+  if (error.code === "ECONNRESET" || socket.destroyed || !socket.writable || answered === true) {
+    socket.destroy();
+    return;
+  }
+  const [status, reason] = CLIENT_ERRORS[error.code ?? ""] ?? [400, "Bad Request"];
+  const body = `${reason}\n`;
+  socket.end(
+    `HTTP/1.1 ${status} ${reason}\r\nContent-Type: text/plain; charset=utf-8\r\n` +
+      `X-Content-Type-Options: nosniff\r\nContent-Length: ${Buffer.byteLength(body)}\r\n` +
+      `Connection: close\r\n\r\n${body}`,
+  );
+}
+
+/** The errno names this platform knows (`ENOENT`, `ECONNREFUSED`…) and Node's `ERR_…` codes. */
+const ERRNO_CODES = new RegExp(`\\b(?:${Object.keys(osConstants.errno).join("|")}|ERR_[A-Z0-9_]+)\\b:?`, "g");
+
+/**
+ * An error message as the API may send it: its first line, without errno codes (`ENOENT`,
+ * `ERR_…`) or anything that looks like a stack frame.
+ */
+export function oneLineMessage(message: string): string {
+  const first = message.split(/\r?\n/)[0] ?? "";
+  return first
+    .replace(/\s+at\s+\S+\s+\(.*$/, "")
+    .replace(ERRNO_CODES, "")
+    .replace(/\s{2,}/g, " ")
+    .trim();
+}
+
 function engineView(reconciler: Reconciler): { status: string; since?: string; error?: string } {
   const health = reconciler.engineHealth();
   switch (health.state) {
@@ -351,11 +427,19 @@ function engineView(reconciler: Reconciler): { status: string; since?: string; e
   }
 }
 
+/**
+ * The healthcheck's `storage`: degraded while durable writes fail, and also while the home the
+ * shim started on is deleted or replaced (what it writes then is lost to a restart).
+ */
 function storageView(
   storage: StorageHealth | undefined,
   startedAt: number,
+  home: HomeHealth | undefined,
 ): { status: "ok" | "degraded"; since: string; error?: string } {
-  const health = storage?.state() ?? { state: "ok", since: startedAt };
+  const health =
+    home?.status === "degraded"
+      ? { state: "degraded" as const, since: home.since, error: home.error }
+      : (storage?.state() ?? { state: "ok" as const, since: startedAt });
   return health.state === "ok"
     ? { status: "ok", since: new Date(health.since).toISOString() }
     : { status: "degraded", since: new Date(health.since).toISOString(), error: health.error };

@@ -1,10 +1,12 @@
+import { setMaxListeners } from "node:events";
 import { existsSync } from "node:fs";
-import { mkdir, readFile } from "node:fs/promises";
+import { chmod, mkdir, readFile, stat } from "node:fs/promises";
 import { join } from "node:path";
 import { pino, type Logger } from "pino";
 import { ShimMetrics } from "../api/metrics.js";
 import { buildApi } from "../api/server.js";
 import { ComponentService } from "../components/component-service.js";
+import { redactUrl, redactUrlsIn } from "../components/redact-url.js";
 import { containerParamsOf, type ShimConfig } from "../config/shim-config.js";
 import { DockerodeClient } from "../docker/dockerode-client.js";
 import { BoundedCommandRunner } from "../exec/run-bounded.js";
@@ -16,7 +18,10 @@ import { armFailpoints } from "../runner/failpoints.js";
 import { Reconciler } from "../runner/reconciler.js";
 import { restoreTasks } from "../runner/restore.js";
 import type { RunnerContext } from "../runner/runner-context.js";
+import { ContainerOwnership } from "../runner/ownership.js";
 import { TaskRunner } from "../runner/task-runner.js";
+import { HomeIdentityError, loadHomeIdentity } from "../state/home-identity.js";
+import { HomeWatch } from "../state/home-watch.js";
 import { acquireHomeLock, type HomeLock } from "../state/home-lock.js";
 import { LogFileSink } from "../state/log-file-sink.js";
 import { StorageHealth } from "../state/storage-health.js";
@@ -38,12 +43,30 @@ const REDACT = [
   "req.headers.authorization",
 ];
 
+/** pino's error serializer, with every URL in the message and stack redacted. */
+function serializeError(error: Error): ReturnType<typeof pino.stdSerializers.err> {
+  const serialized = pino.stdSerializers.err(error);
+  serialized.message = redactUrlsIn(serialized.message);
+  if (typeof serialized.stack === "string") serialized.stack = redactUrlsIn(serialized.stack);
+  return serialized;
+}
+
 function createLogger(config: ShimConfig): { log: Logger; logFile: LogFileSink } {
   // Not pino.destination: its failed write (a full or read-only disk) is an error event that
-  // ends the process. This sink drops what it cannot write and reopens the file by itself.
+  // ends the process. This sink drops what it cannot write and reopens the file by itself; it
+  // creates the file 0600 (only root reads the shim's log: it names users, paths and configs).
   const logFile = new LogFileSink(join(config.home, "shim.log"));
   const log = pino(
-    { level: config.logLevel, base: { pid: process.pid }, redact: { paths: REDACT, censor: "[redacted]" } },
+    {
+      level: config.logLevel,
+      base: { pid: process.pid },
+      redact: { paths: REDACT, censor: "[redacted]" },
+      // URLs lose userinfo and query string wherever they are logged.
+      serializers: {
+        err: serializeError,
+        url: (url: unknown) => (typeof url === "string" ? redactUrl(url) : url),
+      },
+    },
     pino.multistream([
       { level: config.logLevel, stream: process.stdout },
       { level: config.logLevel, stream: logFile },
@@ -60,8 +83,16 @@ async function readAuthToken(file: string): Promise<string | undefined> {
   if (file === "") return undefined;
   let token: string;
   try {
+    // As sshd with its keys: a secret others may read is refused, with the fix named.
+    const mode = (await stat(file)).mode;
+    if ((mode & 0o077) !== 0) {
+      throw new StartupError(
+        `the auth token file ${file} is accessible by group or others: chmod 600 ${file}`,
+      );
+    }
     token = (await readFile(file, "utf8")).trim();
   } catch (error) {
+    if (error instanceof StartupError) throw error;
     throw new StartupError(`cannot read the auth token file ${file}: ${(error as Error).message}`, {
       cause: error,
     });
@@ -96,6 +127,8 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
   } catch (error) {
     throw new StartupError((error as Error).message, { cause: error });
   }
+  // A log file made by an earlier version (0644) is narrowed too.
+  await chmod(join(config.home, "shim.log"), 0o600).catch(() => undefined);
   const { log, logFile } = createLogger(config);
   try {
     armFailpoints(config.testing.failpoints);
@@ -106,6 +139,11 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
   if (config.testing.failpoints) log.warn({ failpoints: config.testing.failpoints }, "failpoints armed");
   const shutdownController = new AbortController();
   const interruption = new AbortController();
+  // Every Docker call and command in flight listens on these process-wide signals (and removes
+  // its listener when it settles: linked-signal.ts), so their count follows the work in flight,
+  // e.g. 16 inspects at once in a restore: Node's leak heuristic of 10 does not apply to them.
+  setMaxListeners(0, shutdownController.signal, interruption.signal);
+  let stopHomeWatch = (): void => undefined;
   try {
     const store = new TaskStore();
     const metrics = new ShimMetrics(store);
@@ -138,6 +176,20 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
     // A full or read-only home does not stop the start: it is reported (healthcheck, metric) and
     // probed until it takes writes again.
     await storage.check();
+    let homeId: string;
+    try {
+      homeId = await loadHomeIdentity(config.home);
+    } catch (error) {
+      if (error instanceof HomeIdentityError) throw new StartupError(error.message, { cause: error });
+      throw new StartupError(`cannot create the home identity: ${(error as Error).message}`, {
+        cause: error,
+      });
+    }
+    const homeWatch = await HomeWatch.start(config.home, homeId, log);
+    stopHomeWatch = () => homeWatch.stop();
+    const ownership = new ContainerOwnership(homeId, config.adoptUnowned, log, (n) =>
+      metrics.foreignContainers.set(n),
+    );
     const ctx: RunnerContext = {
       docker,
       store,
@@ -154,6 +206,7 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
         diskByIdDir: config.testing.diskByIdDir,
       }),
       params,
+      ownership,
       bootId: await readBootId(config.testing.bootIdFile),
       log,
       shutdown: shutdownController.signal,
@@ -207,6 +260,7 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
       storage,
       ...(authToken !== undefined ? { authToken } : {}),
       requestShutdown: (force) => shutdown(force),
+      homeHealth: () => homeWatch.current(),
     });
     try {
       await app.listen({ host: config.httpAddress, port: config.httpPort });
@@ -221,7 +275,7 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
     }
     const address = `http://${config.httpAddress}:${config.httpPort}`;
     log.info(
-      { address, version: VERSION, tasks: report.restored, gpus: inventory.gpus.length },
+      { address, version: VERSION, tasks: report.restored, gpus: inventory.gpus.length, homeId },
       "taskshim serving",
     );
 
@@ -239,6 +293,7 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
         runner.cancelPulls();
         await app.close();
         await Promise.allSettled([loop, events, probing, checked, runner.awaitStarts(), components.settle()]);
+        stopHomeWatch();
         await lock.release();
         log.info("shutdown complete");
         log.flush();
@@ -256,6 +311,7 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
     };
   } catch (error) {
     shutdownController.abort();
+    stopHomeWatch();
     await lock.release();
     log.flush();
     throw error;

@@ -7,6 +7,7 @@ import type { Logger } from "pino";
 import { OperationBound } from "../exec/operation-bound.js";
 import type { CommandRunner } from "../exec/run-bounded.js";
 import { syncDirectory } from "../state/durable-write.js";
+import { redactUrl, redactUrlsIn } from "./redact-url.js";
 
 /** The component names of the wire contract. */
 export type ComponentName = "dstack-runner" | "dstack-shim";
@@ -116,7 +117,7 @@ export class ComponentService {
     const source = `${url}#${typeof sha256 === "string" ? sha256.toLowerCase() : ""}`;
     if (slot.status === "installed" && slot.installedFrom === source) {
       this.log.info(
-        { component: name, url },
+        { component: name, url: redactUrl(url) },
         "component already installed from this url; not downloading again",
       );
       return;
@@ -131,7 +132,10 @@ export class ComponentService {
     )
       .catch((error: unknown) => {
         slot.status = "error";
-        this.log.error({ component: name, err: error }, "component install failed");
+        this.log.error(
+          { component: name, url: redactUrl(url), error: redactUrlsIn((error as Error).message) },
+          "component install failed",
+        );
       })
       .finally(() => this.installs.delete(job));
     this.installs.add(job);

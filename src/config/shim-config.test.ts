@@ -172,6 +172,13 @@ describe("resolveShimConfig: booleans", () => {
     expect(config({ privileged: "false" }, { DSTACK_DOCKER_PRIVILEGED: "true" }).privileged).toBe(false);
     expect(config({ service: true }).serviceMode).toBe(true);
   });
+
+  it("--adopt-unowned is off by default, set by the flag or TASKSHIM_ADOPT_UNOWNED", () => {
+    expect(config({}).adoptUnowned).toBe(false);
+    expect(config({ adoptUnowned: true }).adoptUnowned).toBe(true);
+    expect(config({}, { TASKSHIM_ADOPT_UNOWNED: "1" }).adoptUnowned).toBe(true);
+    expect(() => config({}, { TASKSHIM_ADOPT_UNOWNED: "perhaps" })).toThrow(ConfigError);
+  });
 });
 
 describe("resolveShimConfig: pass-env", () => {

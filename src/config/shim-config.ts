@@ -28,6 +28,11 @@ export interface ShimConfig {
   readonly serviceMode: boolean;
   readonly gpuFixture: string;
   readonly volumeMountRoot: string;
+  /**
+   * Adopt labelled containers that have neither an owner label nor a task.json here (a host
+   * migrating from a dstack-shim that wrote no state); by default they are foreign.
+   */
+  readonly adoptUnowned: boolean;
   /** Environment-only knobs for tests and chaos runs (see TESTING_ENV). */
   readonly testing: {
     readonly failpoints: string;
@@ -131,6 +136,11 @@ export const SERVE_SETTINGS = {
     env: "TASKSHIM_VOLUME_MOUNT_ROOT",
     help: `where network volumes are mounted (default ${DEFAULT_VOLUME_MOUNT_ROOT})`,
   },
+  adoptUnowned: {
+    flag: "--adopt-unowned [bool]",
+    env: "TASKSHIM_ADOPT_UNOWNED",
+    help: "adopt labelled containers without owner label and without task state (migrating from a stateless dstack-shim)",
+  },
 } as const;
 
 type FlagName = keyof typeof SERVE_SETTINGS;
@@ -209,6 +219,7 @@ export function resolveShimConfig(
     serviceMode: bool(get("service") ?? false, "service"),
     gpuFixture: str("gpuFixture", ""),
     volumeMountRoot: path("volumeMountRoot", DEFAULT_VOLUME_MOUNT_ROOT),
+    adoptUnowned: bool(get("adoptUnowned") ?? false, "adopt-unowned"),
     testing: {
       failpoints: env[TESTING_ENV.failpoints] ?? "",
       bootIdFile: env[TESTING_ENV.bootIdFile] || "/proc/sys/kernel/random/boot_id",

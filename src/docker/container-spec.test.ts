@@ -36,15 +36,20 @@ function spec(extra: Record<string, unknown> = {}, overrides: Partial<ContainerP
     runnerDir: "/home/runners/job-abcd1234/runner",
     params: { ...params, ...overrides },
     gpu: undefined,
+    owner: "home-1",
   });
   return { ...built, host: built.body.HostConfig as HostConfig };
 }
 
 describe("buildContainerSpec", () => {
-  it("labels the container, never restarts or auto-removes it, and names it", () => {
+  it("labels the container (dstack's two labels and the owner home), never restarts or auto-removes it, and names it", () => {
     const { name, body, host } = spec();
     expect(name).toBe("job-abcd1234");
-    expect(body.Labels).toEqual({ "ai.dstack.shim.is-task": "true", "ai.dstack.shim.task-id": "t-1" });
+    expect(body.Labels).toEqual({
+      "ai.dstack.shim.is-task": "true",
+      "ai.dstack.shim.task-id": "t-1",
+      "ai.dstack.taskshim.owner": "home-1",
+    });
     expect(host.RestartPolicy).toEqual({ Name: "no" });
     expect(host.AutoRemove).toBe(false);
     expect(body.User).toBe("root");
@@ -110,6 +115,7 @@ describe("buildContainerSpec", () => {
       containerName: "job-abcd1234",
       runnerDir: "/r",
       params,
+      owner: "home-1",
       gpu: {
         deviceRequests: [{ DeviceIDs: ["GPU-1"], Capabilities: [["gpu"]] }],
         devices: [],

@@ -1,6 +1,6 @@
 import type { GpuContainerConfig } from "../host/gpu-inventory.js";
 import type { TaskConfig } from "../tasks/task-config.js";
-import { LABEL_IS_TASK, LABEL_TASK_ID, type ContainerCreateSpec } from "./docker-client.js";
+import { LABEL_IS_TASK, LABEL_OWNER, LABEL_TASK_ID, type ContainerCreateSpec } from "./docker-client.js";
 
 /** Where the runner dir and binary appear inside every task container. */
 export const CONTAINER_RUNNER_DIR = "/tmp/runner";
@@ -79,6 +79,8 @@ export function buildContainerSpec(input: {
   readonly params: ContainerParams;
   /** The GPU setup, only when the task holds GPUs. */
   readonly gpu: GpuContainerConfig | undefined;
+  /** The creating home's identity, written as the owner label. */
+  readonly owner: string;
 }): ContainerCreateSpec {
   const { config, params, gpu } = input;
   const ports = [params.runnerHttpPort, params.runnerSshPort];
@@ -138,7 +140,7 @@ export function buildContainerSpec(input: {
     Env: env,
     User: config.container_user,
     ExposedPorts: Object.fromEntries(ports.map((p) => [`${p}/tcp`, {}])),
-    Labels: { [LABEL_IS_TASK]: "true", [LABEL_TASK_ID]: config.id },
+    Labels: { [LABEL_IS_TASK]: "true", [LABEL_TASK_ID]: config.id, [LABEL_OWNER]: input.owner },
     HostConfig: {
       Privileged: config.privileged || params.privileged,
       NetworkMode: config.network_mode,

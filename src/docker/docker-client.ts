@@ -5,6 +5,11 @@ import type { PortMapping } from "../tasks/task.js";
 export const LABEL_IS_TASK = "ai.dstack.shim.is-task";
 /** Container label carrying the task id (shared with dstack-shim). */
 export const LABEL_TASK_ID = "ai.dstack.shim.task-id";
+/**
+ * taskshim's own label beside dstack's two: the identity of the home whose shim created the
+ * container. Containers of another home on the same engine are never acted on.
+ */
+export const LABEL_OWNER = "ai.dstack.taskshim.owner";
 
 /** Docker's container states. */
 export type ContainerState = "created" | "running" | "paused" | "restarting" | "removing" | "exited" | "dead";
@@ -14,7 +19,15 @@ export interface TaskContainerSummary {
   readonly id: string;
   readonly name: string;
   readonly taskId: string;
+  /** The owner label ({@link LABEL_OWNER}); "" when the container has none. */
+  readonly owner: string;
   readonly state: ContainerState;
+}
+
+/** A mount of a container, as an inspect reports it. */
+export interface ContainerMount {
+  readonly source: string;
+  readonly destination: string;
 }
 
 /** What the shim reads from a container inspect. */
@@ -22,6 +35,8 @@ export interface ContainerDetails {
   readonly id: string;
   readonly name: string;
   readonly taskId: string;
+  /** The owner label ({@link LABEL_OWNER}); "" when the container has none. */
+  readonly owner: string;
   readonly state: ContainerState;
   readonly exitCode: number;
   readonly oomKilled: boolean;
@@ -30,6 +45,8 @@ export interface ContainerDetails {
   readonly finishedAt: string;
   readonly restartCount: number;
   readonly ports: PortMapping[];
+  /** Its mounts (bind and volume), for recovering the volumes of a container without state. */
+  readonly mounts: readonly ContainerMount[];
   readonly hostConfig: {
     readonly DeviceRequests?: { DeviceIDs?: string[] }[] | null;
     readonly Devices?: { PathOnHost?: string; PathInContainer?: string }[] | null;
@@ -48,6 +65,8 @@ export interface ContainerEvent {
   readonly action: string;
   readonly containerId: string;
   readonly taskId: string;
+  /** The owner label ({@link LABEL_OWNER}); "" when the container has none. */
+  readonly owner: string;
 }
 
 /** Create options in the Engine API's own shape (POST /containers/create). */

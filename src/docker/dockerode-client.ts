@@ -6,6 +6,7 @@ import { withDeadline } from "../exec/linked-signal.js";
 import type { PortMapping } from "../tasks/task.js";
 import {
   LABEL_IS_TASK,
+  LABEL_OWNER,
   LABEL_TASK_ID,
   type ContainerCreateSpec,
   type ContainerDetails,
@@ -107,6 +108,7 @@ export class DockerodeClient implements DockerClient {
       id: c.Id,
       name: (c.Names[0] ?? "").replace(/^\//, ""),
       taskId: c.Labels[LABEL_TASK_ID] ?? "",
+      owner: c.Labels[LABEL_OWNER] ?? "",
       state: c.State as ContainerState,
     }));
   }
@@ -120,6 +122,7 @@ export class DockerodeClient implements DockerClient {
         id: info.Id,
         name: info.Name.replace(/^\//, ""),
         taskId: info.Config.Labels?.[LABEL_TASK_ID] ?? "",
+        owner: info.Config.Labels?.[LABEL_OWNER] ?? "",
         state: info.State.Status as ContainerState,
         exitCode: info.State.ExitCode,
         oomKilled: info.State.OOMKilled,
@@ -128,6 +131,7 @@ export class DockerodeClient implements DockerClient {
         finishedAt: info.State.FinishedAt,
         restartCount: info.RestartCount,
         ports: extractPorts(info.NetworkSettings.Ports),
+        mounts: (info.Mounts ?? []).map((m) => ({ source: m.Source, destination: m.Destination })),
         hostConfig: {
           DeviceRequests: (info.HostConfig.DeviceRequests ?? null) as { DeviceIDs?: string[] }[] | null,
           Devices: (info.HostConfig.Devices ?? null) as
@@ -284,7 +288,9 @@ function parseEvent(line: string): ContainerEvent | undefined {
     };
     const taskId = raw.Actor?.Attributes?.[LABEL_TASK_ID];
     if (!raw.Action || !raw.Actor?.ID || !taskId) return undefined;
-    return { action: raw.Action, containerId: raw.Actor.ID, taskId };
+    // Events carry the container's labels as attributes, the owner label included.
+    const owner = raw.Actor.Attributes?.[LABEL_OWNER] ?? "";
+    return { action: raw.Action, containerId: raw.Actor.ID, taskId, owner };
   } catch {
     return undefined;
   }

@@ -1,5 +1,9 @@
+import { execFileSync } from "node:child_process";
+import { renameSync, symlinkSync } from "node:fs";
 import {
   chmod,
+  chown,
+  link,
   lstat,
   mkdir,
   mkdtemp,
@@ -312,6 +316,41 @@ describe("AuthorizedKeys.reconcile", () => {
     await expect(broken.reconcile("ubuntu", [ALICE])).rejects.toBeInstanceOf(AuthorizedKeysWriteError);
     expect(await read()).toBe(`${BOB}\n`);
     expect(await readdir(join(home, ".ssh"))).toEqual(["authorized_keys"]);
+  });
+
+  it("refuses a hard-linked file and a file owned by someone else, and never blocks on a FIFO", async () => {
+    const victim = join(root, "victim");
+    await writeFile(victim, "secret line\n");
+    await mkdir(join(home, ".ssh"), { mode: 0o700 });
+    await link(victim, file);
+    await expect(ak.reconcile("ubuntu", [ALICE])).rejects.toThrow(/hard links/);
+    await rm(file);
+    await writeFile(file, `${BOB}\n`);
+    await chown(file, 54321, 54321);
+    await expect(ak.reconcile("ubuntu", [ALICE])).rejects.toThrow(/owned by uid 54321/);
+    await rm(file);
+    execFileSync("mkfifo", [file]);
+    await expect(ak.reconcile("ubuntu", [ALICE])).rejects.toBeInstanceOf(UnsafeAuthorizedKeysPathError);
+    expect(await readFile(victim, "utf8")).toBe("secret line\n");
+  });
+
+  it("keeps writing into the ~/.ssh it opened when the path is swapped for a symlink meanwhile", async () => {
+    const victimDir = join(root, "victim-dir");
+    await mkdir(victimDir);
+    await writeFile(join(victimDir, "authorized_keys"), "victim\n");
+    await seed(`${BOB}\n`);
+    // The swap lands somewhere in the reconcile (before the open of ~/.ssh: refused as a
+    // symlink; after it: written into the opened directory); never in the victim.
+    const swapping = new AuthorizedKeys(() => {
+      setImmediate(() => {
+        renameSync(join(home, ".ssh"), join(home, ".ssh-real"));
+        symlinkSync(victimDir, join(home, ".ssh"));
+      });
+      return Promise.resolve({ name: "ubuntu", home, uid, gid });
+    });
+    await swapping.reconcile("ubuntu", [ALICE]).catch(() => undefined);
+    expect(await readFile(join(victimDir, "authorized_keys"), "utf8")).toBe("victim\n");
+    expect(await readdir(victimDir)).toEqual(["authorized_keys"]);
   });
 
   it("propagates an unknown user", async () => {

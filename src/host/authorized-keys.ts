@@ -1,7 +1,7 @@
 import { createHash } from "node:crypto";
 import { constants } from "node:fs";
-import { lstat, mkdir, open, readFile, rename, rm, type FileHandle } from "node:fs/promises";
-import { dirname, join } from "node:path";
+import { lstat, mkdir, open, readFile, rename, unlink, type FileHandle } from "node:fs/promises";
+import { join } from "node:path";
 
 /** Appended to the comment of every entry the shim writes; only such entries are ever removed. */
 export const PUBLIC_KEY_MARKER = "# added by dstack-shim";
@@ -228,63 +228,115 @@ export function composeAuthorizedKeys(current: Buffer, entries: readonly string[
 type CurrentFile =
   { readonly exists: false } | { readonly exists: true; readonly content: Buffer; readonly mode: number };
 
-async function readCurrent(path: string): Promise<CurrentFile> {
+/**
+ * A path that names `name` inside the directory held open by `dir`, whatever has happened to
+ * the directory's path since: `/proc/self/fd/N` is the kernel's link to the open directory
+ * itself, so `/proc/self/fd/N/name` is resolved like `openat(N, name)`. Node has no `openat`,
+ * `renameat` or `mkdirat`; this gives the same guarantee with its path-based calls.
+ */
+function at(dir: FileHandle, name: string): string {
+  return `/proc/self/fd/${dir.fd}/${name}`;
+}
+
+const DIR_FLAGS = constants.O_RDONLY | constants.O_DIRECTORY | constants.O_NOFOLLOW;
+
+/** Owned by the user or by root: anything else in a user's ~/.ssh was put there to trick root. */
+function checkOwner(uid: number, account: UserAccount, what: string): void {
+  if (uid !== account.uid && uid !== 0) {
+    throw new UnsafeAuthorizedKeysPathError(`${what} is owned by uid ${uid}, not by ${account.name}`);
+  }
+}
+
+/** Opens the user's home (its path is the administrator's, so a symlink there is followed). */
+async function openHome(account: UserAccount): Promise<FileHandle> {
+  try {
+    return await open(account.home, constants.O_RDONLY | constants.O_DIRECTORY);
+  } catch (error) {
+    throw new AuthorizedKeysWriteError(`cannot open the home ${account.home} of ${account.name}`, {
+      cause: error,
+    });
+  }
+}
+
+/**
+ * Opens `~/.ssh` relative to the held home, never through a symlink; undefined when absent.
+ * From here on every operation works on this open directory: swapping `~/.ssh` for a symlink
+ * afterwards changes nothing for the shim (it keeps writing into the directory it opened).
+ */
+async function openSshDir(
+  home: FileHandle,
+  sshDir: string,
+  account: UserAccount,
+): Promise<FileHandle | undefined> {
   let handle: FileHandle;
   try {
-    handle = await open(path, constants.O_RDONLY | constants.O_NOFOLLOW);
+    handle = await open(at(home, ".ssh"), DIR_FLAGS);
+  } catch (error) {
+    const code = (error as NodeJS.ErrnoException).code;
+    if (code === "ENOENT") return undefined;
+    // With O_DIRECTORY, Linux answers a symlink with ENOTDIR; lstat only words the message.
+    if (code === "ELOOP" || code === "ENOTDIR") {
+      const link = (await lstat(at(home, ".ssh")).catch(() => undefined))?.isSymbolicLink() ?? false;
+      throw new UnsafeAuthorizedKeysPathError(`${sshDir} is ${link ? "a symlink" : "not a directory"}`, {
+        cause: error,
+      });
+    }
+    throw new AuthorizedKeysWriteError(`cannot open ${sshDir}`, { cause: error });
+  }
+  try {
+    checkOwner((await handle.stat()).uid, account, sshDir);
+    return handle;
+  } catch (error) {
+    await handle.close();
+    throw error;
+  }
+}
+
+async function readCurrent(ssh: FileHandle, path: string, account: UserAccount): Promise<CurrentFile> {
+  let handle: FileHandle;
+  try {
+    // O_NONBLOCK: a FIFO planted there must not hang the shim.
+    handle = await open(
+      at(ssh, "authorized_keys"),
+      constants.O_RDONLY | constants.O_NOFOLLOW | constants.O_NONBLOCK,
+    );
   } catch (error) {
     const code = (error as NodeJS.ErrnoException).code;
     if (code === "ENOENT") return { exists: false };
     if (code === "ELOOP") throw new UnsafeAuthorizedKeysPathError(`${path} is a symlink`, { cause: error });
-    throw new AuthorizedKeysWriteError(`cannot read ${path}: ${(error as Error).message}`, { cause: error });
+    throw new AuthorizedKeysWriteError(`cannot read ${path}`, { cause: error });
   }
   try {
     const stat = await handle.stat();
     if (!stat.isFile()) throw new UnsafeAuthorizedKeysPathError(`${path} is not a regular file`);
+    checkOwner(stat.uid, account, path);
+    // A hard link to a file elsewhere: its lines would be copied into a file the user owns.
+    if (stat.nlink !== 1) throw new UnsafeAuthorizedKeysPathError(`${path} has ${stat.nlink} hard links`);
     return { exists: true, content: await handle.readFile(), mode: stat.mode & 0o7777 };
   } finally {
     await handle.close();
   }
 }
 
-async function fsyncDirectory(path: string): Promise<void> {
-  const handle = await open(path, constants.O_RDONLY | constants.O_DIRECTORY);
+async function createSshDir(home: FileHandle, sshDir: string, account: UserAccount): Promise<FileHandle> {
   try {
-    await handle.sync();
-  } finally {
+    await mkdir(at(home, ".ssh"), { mode: 0o700 });
+  } catch (error) {
+    // Created meanwhile (by the user): open what is there, with the same checks.
+    if ((error as NodeJS.ErrnoException).code !== "EEXIST")
+      throw new AuthorizedKeysWriteError(`cannot create ${sshDir}`, { cause: error });
+  }
+  const handle = await openSshDir(home, sshDir, account);
+  if (!handle) throw new AuthorizedKeysWriteError(`cannot create ${sshDir}: it vanished`);
+  try {
+    // mkdir's mode is filtered by the umask; sshd wants exactly 0700.
+    await handle.chmod(0o700);
+    await handle.chown(account.uid, account.gid);
+    await home.sync();
+    return handle;
+  } catch (error) {
     await handle.close();
-  }
-}
-
-/** Whether `~/.ssh` exists; refuses a symlink, since root would then read and write elsewhere. */
-async function sshDirExists(sshDir: string): Promise<boolean> {
-  try {
-    const stat = await lstat(sshDir);
-    if (stat.isSymbolicLink()) throw new UnsafeAuthorizedKeysPathError(`${sshDir} is a symlink`);
-    if (!stat.isDirectory()) throw new UnsafeAuthorizedKeysPathError(`${sshDir} is not a directory`);
-    return true;
-  } catch (error) {
-    if ((error as NodeJS.ErrnoException).code === "ENOENT") return false;
-    throw error;
-  }
-}
-
-async function createSshDir(sshDir: string, account: UserAccount): Promise<void> {
-  try {
-    await mkdir(sshDir, { mode: 0o700 });
-    const handle = await open(sshDir, constants.O_RDONLY | constants.O_DIRECTORY | constants.O_NOFOLLOW);
-    try {
-      // mkdir's mode is filtered by the umask; sshd wants exactly 0700.
-      await handle.chmod(0o700);
-      await handle.chown(account.uid, account.gid);
-    } finally {
-      await handle.close();
-    }
-    await fsyncDirectory(dirname(sshDir));
-  } catch (error) {
-    throw new AuthorizedKeysWriteError(`cannot create ${sshDir}: ${(error as Error).message}`, {
-      cause: error,
-    });
+    throw new AuthorizedKeysWriteError(`cannot create ${sshDir}`, { cause: error });
   }
 }
 
@@ -312,20 +364,27 @@ export class AuthorizedKeys {
     const account = await this.lookup(user);
     const sshDir = join(account.home, ".ssh");
     const path = join(sshDir, "authorized_keys");
-    const dirExists = await sshDirExists(sshDir);
-    const current: CurrentFile = dirExists ? await readCurrent(path) : { exists: false };
-    const kept =
-      options.keepExisting && current.exists
-        ? current.content
-            .toString("utf8")
-            .split("\n")
-            .filter((line) => isShimEntry(line))
-        : [];
-    const entries = this.entriesFor(user, [...kept, ...keys]);
-    const next = composeAuthorizedKeys(current.exists ? current.content : Buffer.alloc(0), entries);
-    if (current.exists ? next.equals(current.content) : next.length === 0) return;
-    if (!dirExists) await createSshDir(sshDir, account);
-    await replaceAtomically(sshDir, path, next, current.exists ? current.mode : 0o600, account);
+    const home = await openHome(account);
+    let ssh: FileHandle | undefined;
+    try {
+      ssh = await openSshDir(home, sshDir, account);
+      const current: CurrentFile = ssh ? await readCurrent(ssh, path, account) : { exists: false };
+      const kept =
+        options.keepExisting && current.exists
+          ? current.content
+              .toString("utf8")
+              .split("\n")
+              .filter((line) => isShimEntry(line))
+          : [];
+      const entries = this.entriesFor(user, [...kept, ...keys]);
+      const next = composeAuthorizedKeys(current.exists ? current.content : Buffer.alloc(0), entries);
+      if (current.exists ? next.equals(current.content) : next.length === 0) return;
+      ssh ??= await createSshDir(home, sshDir, account);
+      await replaceAtomically(ssh, sshDir, path, next, current.exists ? current.mode : 0o600, account);
+    } finally {
+      await ssh?.close().catch(() => undefined);
+      await home.close().catch(() => undefined);
+    }
   }
 
   private entriesFor(user: string, keys: readonly string[]): string[] {
@@ -351,18 +410,21 @@ export class AuthorizedKeys {
 }
 
 async function replaceAtomically(
+  ssh: FileHandle,
   sshDir: string,
   path: string,
   content: Buffer,
   mode: number,
   account: UserAccount,
 ): Promise<void> {
-  // A fixed name, so a temp file left by a killed shim is reused; O_EXCL|O_NOFOLLOW because the
-  // user owns ~/.ssh and could plant a symlink there for root to write through.
-  const temp = join(sshDir, "authorized_keys.tmp");
+  // A fixed name, so a temp file left by a killed shim is reused; every step is relative to the
+  // open ~/.ssh, and O_EXCL|O_NOFOLLOW refuse whatever the user may have planted under that name.
+  const temp = at(ssh, "authorized_keys.tmp");
   let handle: FileHandle | undefined;
   try {
-    await rm(temp, { force: true });
+    await unlink(temp).catch((error: unknown) => {
+      if ((error as NodeJS.ErrnoException).code !== "ENOENT") throw error;
+    });
     handle = await open(
       temp,
       constants.O_WRONLY | constants.O_CREAT | constants.O_EXCL | constants.O_NOFOLLOW,
@@ -374,21 +436,22 @@ async function replaceAtomically(
     await handle.sync();
     await handle.close();
     handle = undefined;
-    await rename(temp, path);
+    await rename(temp, at(ssh, "authorized_keys"));
   } catch (error) {
     await handle?.close().catch(() => undefined);
-    await rm(temp, { force: true }).catch(() => undefined);
-    throw new AuthorizedKeysWriteError(`cannot replace ${path}: ${(error as Error).message}`, {
-      cause: error,
-    });
+    await unlink(temp).catch(() => undefined);
+    throw new AuthorizedKeysWriteError(`cannot replace ${path}: ${describe(error)}`, { cause: error });
   }
   try {
-    await fsyncDirectory(sshDir);
+    await ssh.sync();
   } catch (error) {
-    throw new AuthorizedKeysWriteError(`cannot sync ${sshDir}: ${(error as Error).message}`, {
-      cause: error,
-    });
+    throw new AuthorizedKeysWriteError(`cannot sync ${sshDir}: ${describe(error)}`, { cause: error });
   }
+}
+
+/** An error's message without the /proc/self/fd path it may name (meaningless to an operator). */
+function describe(error: unknown): string {
+  return (error as Error).message.replace(/\/proc\/self\/fd\/\d+\//g, "");
 }
 
 /** How a reconcile treats the shim entries already in the file. */

@@ -104,7 +104,13 @@ export class Reconciler {
         this.markDown(error as Error);
         return;
       }
-      const byTask = new Map(containers.map((c) => [c.taskId, c]));
+      // Only this shim's containers (the one ownership rule); a container of another home that
+      // carries a task id of ours must never stand in for our task's own container.
+      const byTask = new Map<string, TaskContainerSummary>();
+      for (const c of this.ctx.ownership.filter(containers, (id) => this.ctx.store.get(id) !== undefined)) {
+        const own = this.ctx.store.get(c.taskId)?.containerId ?? "";
+        if (own === "" || own === c.id) byTask.set(c.taskId, c);
+      }
       const suspects = new Set(this.suspects);
       this.suspects.clear();
       // Exits that land together are finalized together, not one after another.
@@ -290,6 +296,8 @@ export class Reconciler {
       try {
         for await (const event of docker.containerEvents(shutdown)) {
           log.debug({ taskId: event.taskId, action: event.action }, "container event");
+          const facts = { id: event.containerId, name: "", taskId: event.taskId, owner: event.owner };
+          if (!this.ctx.ownership.isOurs(facts, (id) => this.ctx.store.get(id) !== undefined)) continue;
           if (event.action === "die" || event.action === "destroy" || event.action === "oom")
             this.kick(event.taskId);
         }

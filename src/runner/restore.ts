@@ -1,7 +1,7 @@
 import { existsSync } from "node:fs";
-import { basename } from "node:path";
+import { basename, posix } from "node:path";
 import pLimit from "p-limit";
-import type { TaskContainerSummary } from "../docker/docker-client.js";
+import type { ContainerDetails, TaskContainerSummary } from "../docker/docker-client.js";
 import { gpuIdsFromContainer } from "../host/gpu-inventory.js";
 import type { ScannedTaskDir } from "../state/task-dirs.js";
 import { UnsupportedTaskStateVersionError, type TaskState } from "../state/task-state-file.js";
@@ -22,6 +22,10 @@ export interface RestoreReport {
   readonly skippedNewer: string[];
   /** Labelled containers without a task id label. */
   readonly ignoredContainers: string[];
+  /** Labelled containers of another home (or claimed by nobody here): never acted on. */
+  readonly foreignContainers: string[];
+  /** Containers without owner label nor task state, adopted under `--adopt-unowned`. */
+  readonly adoptedUnowned: string[];
   /** Leftover dirs deleted (never a dir with a state file). */
   readonly swept: string[];
   /** Tasks whose status was reconciled to something other than their task.json says: persist them. */
@@ -70,8 +74,13 @@ export async function restoreTasks(ctx: RunnerContext): Promise<RestoreReport> {
   const ignoredContainers: string[] = [];
   const changed: string[] = [];
   const resumed: string[] = [];
+  const adoptedUnowned: string[] = [];
   const byTask = new Map<string, TaskContainerSummary>();
-  for (const container of containers) {
+  // The one ownership rule: another home's containers (and unclaimed ones) are not ours to act on.
+  const hasTaskState = (taskId: string): boolean => states.has(taskId);
+  const ours = ctx.ownership.filter(containers, hasTaskState);
+  const foreignContainers = containers.filter((c) => !ours.includes(c)).map((c) => c.name);
+  for (const container of ours) {
     if (container.taskId === "") {
       ignoredContainers.push(container.name);
       continue;
@@ -97,7 +106,24 @@ export async function restoreTasks(ctx: RunnerContext): Promise<RestoreReport> {
   for (const [taskId, container] of byTask) {
     const stored = states.get(taskId);
     const inspect = details.get(container.id);
-    const config = stored?.state.config ?? legacyConfig(taskId, container);
+    const unowned = ctx.ownership.classify(container, hasTaskState) === "unowned-adopted";
+    // Adopted without any state (--adopt-unowned): its volumes come from its mounts (dstack
+    // #4220's fallback), its keys are unknown. It gets a task dir, so its release is recorded
+    // once and never repeated by a later start.
+    const config =
+      stored?.state.config ?? legacyConfig(taskId, container, unowned ? recoveredVolumes(ctx, inspect) : []);
+    let adoptedDir = "";
+    if (unowned) {
+      adoptedDir = await ctx.dirs.make(container.name).catch((error: unknown) => {
+        log.error({ taskId, container: container.name, err: error }, "no task dir for an adopted container");
+        return "";
+      });
+      adoptedUnowned.push(container.name);
+      log.warn(
+        { taskId, container: container.name, volumes: config.volumes.map((v) => v.name) },
+        "container without owner label adopted (--adopt-unowned); its host keys are unknown",
+      );
+    }
     const cleanedUp = stored?.state.cleaned_up ?? false;
     const ownedGpus = cleanedUp
       ? []
@@ -111,7 +137,8 @@ export async function restoreTasks(ctx: RunnerContext): Promise<RestoreReport> {
           ? "creating"
           : "running";
     const foreignDir = stored ? undefined : newerDirs.get(container.name);
-    const taskDir = stored?.dir ?? foreignDir ?? legacyDir(ctx, container.name);
+    const taskDir = stored?.dir ?? foreignDir ?? (adoptedDir || legacyDir(ctx, container.name));
+    const keysUnknown = stored ? stored.state.keys_unknown === true : foreignDir === undefined;
     add(ctx, {
       ...newTask(config),
       id: taskId,
@@ -125,10 +152,12 @@ export async function restoreTasks(ctx: RunnerContext): Promise<RestoreReport> {
       taskDir,
       cleanedUp,
       ...(stored?.state.exit_code !== undefined ? { exitCode: stored.state.exit_code } : {}),
-      ...(foreignDir !== undefined ? { foreign: true } : stored ? {} : { degraded: true }),
+      ...(foreignDir !== undefined ? { foreign: true } : {}),
+      ...(keysUnknown ? { degraded: true } : {}),
       ...(acrossReboot(ctx, stored?.state) ? { acrossReboot: true } : {}),
     });
     if (status === "creating") resumed.push(taskId);
+    if (unowned && adoptedDir !== "") changed.push(taskId);
     if (stored?.state.status !== undefined && stored.state.status !== status) changed.push(taskId);
   }
 
@@ -156,6 +185,7 @@ export async function restoreTasks(ctx: RunnerContext): Promise<RestoreReport> {
   }
 
   await sweepCredentials(ctx, scanned, skippedNewer);
+  // A foreign container's name keeps a dir of that name too: it may be another home's handover.
   const swept = await dirs.sweepLeftovers(new Set(containers.map((c) => c.name)));
   if (swept.length > 0) log.info({ swept }, "leftover task dirs swept");
   log.info(
@@ -164,10 +194,22 @@ export async function restoreTasks(ctx: RunnerContext): Promise<RestoreReport> {
       resumed: resumed.length,
       quarantined: quarantined.length,
       skippedNewer: skippedNewer.length,
+      foreign: foreignContainers.length,
+      adoptedUnowned: adoptedUnowned.length,
     },
     "tasks restored",
   );
-  return { restored: store.size, resumed, quarantined, skippedNewer, ignoredContainers, swept, changed };
+  return {
+    restored: store.size,
+    resumed,
+    quarantined,
+    skippedNewer,
+    ignoredContainers,
+    foreignContainers,
+    adoptedUnowned,
+    swept,
+    changed,
+  };
 }
 
 const RESTORE_INSPECT_CONCURRENCY = 16;
@@ -207,13 +249,45 @@ function add(ctx: RunnerContext, task: Task): void {
 }
 
 /** A container created by a shim without task.json: only what the container itself tells. */
-function legacyConfig(taskId: string, container: TaskContainerSummary) {
+function legacyConfig(
+  taskId: string,
+  container: TaskContainerSummary,
+  volumes: readonly { readonly name: string; readonly path: string }[],
+) {
   const name = container.name.replace(/-[0-9a-f]{8}$/, "") || "task";
+  const recovered = {
+    volumes: volumes.map((v) => ({ name: v.name, backend: "", volume_id: "", init_fs: false })),
+    volume_mounts: volumes.map((v) => ({ name: v.name, path: v.path })),
+  };
   try {
-    return parseTaskConfig({ id: taskId, name, image_name: "unknown" }).config;
+    return parseTaskConfig({ id: taskId, name, image_name: "unknown", ...recovered }).config;
   } catch {
-    return parseTaskConfig({ id: "legacy-task", name: "legacy", image_name: "unknown" }).config;
+    try {
+      return parseTaskConfig({ id: taskId, name, image_name: "unknown" }).config;
+    } catch {
+      return parseTaskConfig({ id: "legacy-task", name: "legacy", image_name: "unknown" }).config;
+    }
   }
+}
+
+/**
+ * The network volumes a container uses, from its mounts: every mount whose host source is a
+ * direct child of the volume mount root (where a shim mounts volumes) names one volume.
+ */
+export function recoveredVolumes(
+  ctx: RunnerContext,
+  inspect: ContainerDetails | undefined,
+): { name: string; path: string }[] {
+  const root = posix.normalize(ctx.params.volumeMountRoot);
+  const found: { name: string; path: string }[] = [];
+  for (const mount of inspect?.mounts ?? []) {
+    const source = posix.normalize(mount.source);
+    if (posix.dirname(source) !== root) continue;
+    const name = posix.basename(source);
+    if (name === "" || name.startsWith(".") || found.some((v) => v.name === name)) continue;
+    found.push({ name, path: mount.destination });
+  }
+  return found;
 }
 
 function legacyDir(ctx: RunnerContext, containerName: string): string {

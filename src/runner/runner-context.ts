@@ -8,6 +8,7 @@ import type { HostVolumes } from "../host/volumes.js";
 import type { StorageHealth } from "../state/storage-health.js";
 import type { TaskDirs } from "../state/task-dirs.js";
 import type { TaskStore } from "../tasks/task-store.js";
+import type { ContainerOwnership } from "./ownership.js";
 
 /** Everything the lifecycle engine talks to; each external system behind its own port. */
 export interface RunnerContext {
@@ -19,6 +20,8 @@ export interface RunnerContext {
   readonly hostKeys: HostKeysReconciler;
   readonly volumes: HostVolumes;
   readonly params: ContainerParams;
+  /** Which labelled containers are this shim's (the one ownership rule). */
+  readonly ownership: ContainerOwnership;
   readonly bootId: string;
   readonly log: Logger;
   /** Aborted when the shim shuts down: long operations (pulls) end through it. */

@@ -1,9 +1,14 @@
 import { setTimeout as sleep } from "node:timers/promises";
 import { existsSync, readFileSync } from "node:fs";
-import { mkdir, readdir, readFile, writeFile } from "node:fs/promises";
+import { mkdir, readdir, readFile, rm, symlink, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
-import { LABEL_IS_TASK, LABEL_TASK_ID, type ContainerCreateSpec } from "../docker/docker-client.js";
+import {
+  LABEL_IS_TASK,
+  LABEL_OWNER,
+  LABEL_TASK_ID,
+  type ContainerCreateSpec,
+} from "../docker/docker-client.js";
 import { DockerConflictError } from "../docker/docker-errors.js";
 import { TASK_STATE_FILE } from "../state/task-state-file.js";
 import { containerNameFor } from "../tasks/container-name.js";
@@ -153,7 +158,11 @@ describe("TaskRunner.start", () => {
     const spec = creates[0]?.args[0] as ContainerCreateSpec;
     expect(spec.name).toBe(containerNameFor(task.config.name, task.id));
     expect(spec.name).toMatch(new RegExp(`^${task.config.name}-[0-9a-f]{8}$`));
-    expect(spec.body.Labels).toEqual({ [LABEL_IS_TASK]: "true", [LABEL_TASK_ID]: task.id });
+    expect(spec.body.Labels).toEqual({
+      [LABEL_IS_TASK]: "true",
+      [LABEL_TASK_ID]: task.id,
+      [LABEL_OWNER]: env.ctx.ownership.homeId,
+    });
 
     const container = env.docker.mustFind(spec.name);
     expect(container.state).toBe("running");
@@ -520,6 +529,31 @@ describe("TaskRunner.release", () => {
     expect(readFileSync(authorizedKeys, "utf8")).not.toContain(key.split(" ")[1]);
     expect(env.ctx.store.mustGet(task.id)).toMatchObject({ cleanedUp: true, gpuIds: [] });
     expect(readState(task.taskDir).cleaned_up).toBe(true);
+  });
+
+  it("fails only the tasks of a user whose ~/.ssh is broken, not another user's", async () => {
+    const broken = await env.submitAndStart({
+      host_ssh_user: "mallory",
+      host_ssh_keys: [sshEd25519PublicKey("m@x")],
+    });
+    expect(broken.status).toBe("running");
+    // mallory's ~/.ssh becomes a symlink while her task lives: every later reconcile fails for her.
+    await rm(join(env.userHome("mallory"), ".ssh"), { recursive: true });
+    await symlink(env.home, join(env.userHome("mallory"), ".ssh"));
+    const key = sshEd25519PublicKey("alice@ci");
+    const fine = await env.submitAndStart({ host_ssh_user: "alice", host_ssh_keys: [key] });
+    expect(fine.status).toBe("running");
+    expect(readFileSync(join(env.userHome("alice"), ".ssh", "authorized_keys"), "utf8")).toContain(
+      key.split(" ")[1],
+    );
+    const again = await env.submitAndStart({
+      host_ssh_user: "mallory",
+      host_ssh_keys: [sshEd25519PublicKey("m2@x")],
+    });
+    expect(again.status).toBe("terminated");
+    expect(again.terminationMessage).toMatch(
+      /^host ssh keys: reconcile authorized_keys of mallory: .* is a symlink/,
+    );
   });
 
   it("keeps a host key another live task still needs (R6)", async () => {

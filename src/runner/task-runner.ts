@@ -1,5 +1,6 @@
 import { createWriteStream, existsSync } from "node:fs";
 import { unlink } from "node:fs/promises";
+import { UserKeysReconcileError } from "../host/authorized-keys.js";
 import { join } from "node:path";
 import { buildContainerSpec } from "../docker/container-spec.js";
 import type { ContainerState, PullAuth } from "../docker/docker-client.js";
@@ -353,7 +354,10 @@ export class TaskRunner {
       try {
         await this.reconcileHostKeys();
       } catch (cause) {
-        throw new StartStepError("executor_error", `host ssh keys: ${(cause as Error).message}`, { cause });
+        // One user's broken ~/.ssh fails only that user's tasks: another user's failure is logged.
+        const own = failureOfUser(cause, config.host_ssh_user);
+        if (own) throw new StartStepError("executor_error", `host ssh keys: ${own.message}`, { cause: own });
+        this.ctx.log.error({ taskId: id, err: cause }, "host ssh keys of other users not reconciled");
       }
       await failpoint("after-keys-write");
     }
@@ -499,6 +503,7 @@ export class TaskRunner {
           runnerDir: TaskDirs.runnerDir(task.taskDir),
           params: this.ctx.params,
           gpu,
+          owner: this.ctx.ownership.homeId,
         });
         try {
           containerId = await docker.createContainer(spec);
@@ -558,7 +563,26 @@ export class TaskRunner {
         `createContainer error: a container named ${task.containerName} exists and belongs to another task`,
       );
     }
+    // The same task id under another home (the one ownership rule): never adopted.
+    if (!this.ctx.ownership.isOurs(candidate, (taskId) => this.ctx.store.get(taskId) !== undefined)) {
+      throw new StartStepError(
+        "creating_container_error",
+        `createContainer error: a container named ${task.containerName} exists and belongs to another taskshim home`,
+      );
+    }
     return { id: candidate.id, state: candidate.state };
+  }
+
+  /**
+   * The id of this task's container found by name (a task that never recorded one), or "" when
+   * there is none or it is not ours: a container of that name under another home is left alone.
+   */
+  private async ownContainerIdByName(task: Task): Promise<string> {
+    const candidate = await this.ctx.docker.inspectContainer(task.containerName);
+    if (!candidate || candidate.taskId !== task.id) return "";
+    return this.ctx.ownership.isOurs(candidate, (taskId) => this.ctx.store.get(taskId) !== undefined)
+      ? candidate.id
+      : "";
   }
 
   /**
@@ -688,7 +712,8 @@ export class TaskRunner {
       // follow would answer 200 and bring the task back at the next start.
       await this.commitDurably(id, () => undefined);
       try {
-        await docker.removeContainer(task.containerId || task.containerName);
+        const target = task.containerId || (await this.ownContainerIdByName(task));
+        if (target !== "") await docker.removeContainer(target);
       } catch (cause) {
         throw new TaskOperationError(`failed to remove container task=${id}: ${(cause as Error).message}`, {
           cause,
@@ -714,4 +739,17 @@ async function unlinkIfPresent(path: string): Promise<void> {
   } catch (error) {
     if ((error as NodeJS.ErrnoException).code !== "ENOENT") throw error;
   }
+}
+
+/**
+ * The error that concerns `user` in a host keys reconcile failure: its own per-user error,
+ * or the whole error when it is not a per-user one; undefined when only other users failed.
+ */
+function failureOfUser(error: unknown, user: string): Error | undefined {
+  if (!(error instanceof AggregateError)) return error as Error;
+  const perUser = error.errors.filter(
+    (e): e is UserKeysReconcileError => e instanceof UserKeysReconcileError,
+  );
+  if (perUser.length !== error.errors.length) return error;
+  return perUser.find((e) => e.user === user);
 }

@@ -12,8 +12,10 @@ import { pino, type Logger } from "pino";
 import type { ContainerParams } from "../docker/container-spec.js";
 import {
   LABEL_IS_TASK,
+  LABEL_OWNER,
   LABEL_TASK_ID,
   type ContainerCreateSpec,
+  type ContainerMount,
   type ContainerDetails,
   type ContainerEvent,
   type ContainerState,
@@ -36,9 +38,13 @@ import { parseTaskConfig, type RegistryAuth, type TaskConfig } from "../tasks/ta
 import type { TaskStatus } from "../tasks/task-status.js";
 import { TaskStore } from "../tasks/task-store.js";
 import type { TerminationReason } from "../tasks/termination-reason.js";
+import { ContainerOwnership } from "./ownership.js";
 import { Reconciler } from "./reconciler.js";
 import type { RunnerContext } from "./runner-context.js";
 import { TaskRunner } from "./task-runner.js";
+
+/** The home identity of every test context (unless `ownership` is overridden). */
+export const TEST_HOME_ID = "test-home";
 
 /** The methods of the Docker port, as recorded by {@link FakeDockerClient}. */
 export type DockerMethod = keyof DockerClient;
@@ -62,6 +68,7 @@ export interface FakeContainer {
   logs: string[];
   ports: PortMapping[];
   hostConfig: ContainerDetails["hostConfig"];
+  mounts: ContainerMount[];
   image: string;
   startedAt: string;
   finishedAt: string;
@@ -186,6 +193,7 @@ export class FakeDockerClient implements DockerClient {
     readonly hostConfig?: ContainerDetails["hostConfig"];
     readonly labels?: Record<string, string>;
     readonly ports?: PortMapping[];
+    readonly mounts?: ContainerMount[];
   }): FakeContainer {
     const id = this.nextId();
     const labels =
@@ -201,6 +209,7 @@ export class FakeDockerClient implements DockerClient {
       logs: [...(options.logs ?? [])],
       ports: options.ports ?? [],
       hostConfig: options.hostConfig ?? {},
+      mounts: options.mounts ?? [],
       image: "busybox:1.36",
       startedAt: new Date().toISOString(),
       finishedAt: "0001-01-01T00:00:00Z",
@@ -233,7 +242,12 @@ export class FakeDockerClient implements DockerClient {
     container.oomKilled = options.oomKilled ?? false;
     container.finishedAt = new Date().toISOString();
     container.logs.push(...(options.logs ?? []));
-    this.emit({ action: "die", containerId: container.id, taskId: container.labels[LABEL_TASK_ID] ?? "" });
+    this.emit({
+      action: "die",
+      containerId: container.id,
+      taskId: this.taskIdOf(container),
+      owner: this.ownerOf(container),
+    });
   }
 
   /** The container vanishes (an operator's `docker rm -f`), without a recorded call. */
@@ -243,7 +257,8 @@ export class FakeDockerClient implements DockerClient {
     this.emit({
       action: "destroy",
       containerId: container.id,
-      taskId: container.labels[LABEL_TASK_ID] ?? "",
+      taskId: this.taskIdOf(container),
+      owner: this.ownerOf(container),
     });
   }
 
@@ -263,6 +278,10 @@ export class FakeDockerClient implements DockerClient {
 
   private taskIdOf(container: FakeContainer): string {
     return container.labels[LABEL_TASK_ID] ?? "";
+  }
+
+  private ownerOf(container: FakeContainer): string {
+    return container.labels[LABEL_OWNER] ?? "";
   }
 
   private async invoke<T>(
@@ -298,7 +317,13 @@ export class FakeDockerClient implements DockerClient {
     return this.invoke("listTaskContainers", [], signal, () =>
       [...this.containers.values()]
         .filter((c) => c.labels[LABEL_IS_TASK] === "true" && !this.hiddenFromList.has(c.id))
-        .map((c) => ({ id: c.id, name: c.name, taskId: this.taskIdOf(c), state: c.state })),
+        .map((c) => ({
+          id: c.id,
+          name: c.name,
+          taskId: this.taskIdOf(c),
+          owner: this.ownerOf(c),
+          state: c.state,
+        })),
     );
   }
 
@@ -310,6 +335,7 @@ export class FakeDockerClient implements DockerClient {
         id: c.id,
         name: c.name,
         taskId: this.taskIdOf(c),
+        owner: this.ownerOf(c),
         state: c.state,
         exitCode: c.exitCode,
         oomKilled: c.oomKilled,
@@ -318,6 +344,7 @@ export class FakeDockerClient implements DockerClient {
         finishedAt: c.finishedAt,
         restartCount: 0,
         ports: [...c.ports],
+        mounts: [...c.mounts],
         hostConfig: c.hostConfig,
       };
     });
@@ -360,7 +387,7 @@ export class FakeDockerClient implements DockerClient {
       c.state = "exited";
       c.exitCode = timeoutSeconds === 0 ? 137 : 143;
       c.finishedAt = new Date().toISOString();
-      this.emit({ action: "die", containerId: c.id, taskId: this.taskIdOf(c) });
+      this.emit({ action: "die", containerId: c.id, taskId: this.taskIdOf(c), owner: this.ownerOf(c) });
     });
   }
 
@@ -369,7 +396,7 @@ export class FakeDockerClient implements DockerClient {
       const c = this.find(id);
       if (!c) return "already-absent";
       this.containers.delete(c.id);
-      this.emit({ action: "destroy", containerId: c.id, taskId: this.taskIdOf(c) });
+      this.emit({ action: "destroy", containerId: c.id, taskId: this.taskIdOf(c), owner: this.ownerOf(c) });
       return "removed";
     });
   }
@@ -621,6 +648,7 @@ export async function makeContext(overrides: ContextOverrides = {}): Promise<Tes
     hostKeys: overrides.hostKeys ?? new HostKeysReconciler(new AuthorizedKeys(lookup)),
     volumes: overrides.volumes ?? new HostVolumes(commands, { mountRoot: params.volumeMountRoot }),
     params: overrides.params ?? params,
+    ownership: overrides.ownership ?? new ContainerOwnership(TEST_HOME_ID, false),
     bootId: overrides.bootId ?? "00000000-test-boot-id",
     log: overrides.log ?? pino({ level: "silent" }),
     shutdown: shutdownController.signal,

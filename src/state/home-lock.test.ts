@@ -2,10 +2,10 @@ import { execFile } from "node:child_process";
 import { existsSync } from "node:fs";
 import { mkdir, mkdtemp, rm, stat, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
-import { join } from "node:path";
+import { basename, join } from "node:path";
 import { promisify } from "node:util";
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
-import { acquireHomeLock, HomeLockedError } from "./home-lock.js";
+import { abstractLockName, acquireHomeLock, HomeLockedError } from "./home-lock.js";
 
 let home: string;
 beforeEach(async () => {
@@ -102,4 +102,30 @@ describe("acquireHomeLock", () => {
       await again.release();
     },
   );
+
+  it("refuses a second holder, also after the lock file or the whole home was deleted", async () => {
+    const lock = await acquireHomeLock(home);
+    try {
+      await rm(socketPath());
+      await expect(acquireHomeLock(home)).rejects.toThrow(
+        `another taskshim is already running with home ${home}`,
+      );
+      await rm(home, { recursive: true });
+      await mkdir(home);
+      await expect(acquireHomeLock(home)).rejects.toThrow(HomeLockedError);
+    } finally {
+      await lock.release();
+    }
+  });
+
+  it("names the lock after the canonical path, the same for every spelling of the home", async () => {
+    const lock = await acquireHomeLock(join(home, "..", basename(home)));
+    try {
+      expect(lock.canonicalHome).toBe(home);
+      await expect(acquireHomeLock(`${home}/.`)).rejects.toThrow(HomeLockedError);
+      expect(abstractLockName(home)).toMatch(/^\0taskshim-home-lock:[0-9a-f]{64}$/);
+    } finally {
+      await lock.release();
+    }
+  });
 });

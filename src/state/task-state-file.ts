@@ -37,6 +37,11 @@ export interface TaskState {
   readonly exit_code?: number | null;
   /** taskshim: the kernel boot id when the task was last persisted. */
   readonly boot_id?: string;
+  /**
+   * taskshim: the task was adopted from a container alone (`--adopt-unowned`), so its host keys
+   * are unknown and entries are never removed while it lives.
+   */
+  readonly keys_unknown?: boolean;
 }
 
 /** The file is unreadable as a task state (bad JSON, wrong shape, invalid config). */
@@ -65,6 +70,7 @@ export function encodeTaskState(task: Task, bootId: string): string {
     // Stryker disable next-line ConditionalExpression: JSON.stringify drops an undefined exit_code anyway.
     ...(task.exitCode !== undefined ? { exit_code: task.exitCode } : {}),
     boot_id: bootId,
+    ...(task.degraded === true ? { keys_unknown: true } : {}),
   };
   return `${JSON.stringify(state)}\n`;
 }
@@ -117,6 +123,7 @@ export function decodeTaskState(text: string): TaskState {
     ...(status !== undefined ? { status: status as TaskStatus } : {}),
     ...(exitCode !== undefined ? { exit_code: exitCode as number | null } : {}),
     ...(typeof raw.boot_id === "string" ? { boot_id: raw.boot_id } : {}),
+    ...(raw.keys_unknown === true ? { keys_unknown: true } : {}),
   };
 }
 

@@ -232,7 +232,8 @@ export function parseTaskConfig(body: unknown): { config: TaskConfig; auth: Regi
     if (entries.length > MAX_LIST) fail(`too many env entries (max ${MAX_LIST})`);
     env = {};
     for (const [key, value] of entries) {
-      if (!ENV_KEY_PATTERN.test(key)) fail(`invalid env name: ${JSON.stringify(key)}`);
+      // `__proto__` fits the pattern but cannot be a key of a plain object: it would vanish.
+      if (!ENV_KEY_PATTERN.test(key) || key === "__proto__") fail(`invalid env name: ${JSON.stringify(key)}`);
       if (value.includes("\u0000") || value.length > 65_536) fail(`invalid env value for ${key}`);
       env[key] = value;
     }
