@@ -4,7 +4,7 @@ import { mkdtemp, readFile, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
-import { REMOVAL_TIMEOUT_MS } from "../docker/cli-removal.js";
+import { REMOVAL_TIMEOUT_MS } from "../docker/confirmed-removal.js";
 import { OperationBound } from "./operation-bound.js";
 import {
   BoundedCommandRunner,
