@@ -99,8 +99,6 @@ export function fenceRequestOf(flags: FenceFlags, authToken?: string): FenceRequ
       kind: "ssh",
       ...parseSshTarget(flags.ssh),
       ...(flags.identity === undefined ? {} : { identityFile: flags.identity }),
-      // ssh's own connect may not take the whole deadline: a listing and a removal follow.
-      connectTimeoutS: Math.max(1, Math.min(10, Math.floor(deadlineMs / 3_000))),
       options: flags.sshOption,
     };
   }

@@ -90,7 +90,7 @@ function unlisted(selection: FenceSelection, error: ListingError): FenceResult[]
     task_id: id,
     outcome: "unconfirmed",
     reason: error.reason,
-    evidence: error.evidence,
+    evidence: { ...error.evidence, detail: error.message },
   }));
 }
 
@@ -254,7 +254,9 @@ async function listTaskContainers(
     throw new ListingError(
       outcome.kind === "expired" ? "deadline" : "wait",
       { operation_elapsed_ms: outcome.operationElapsedMs, cleanup: outcome.cleanup },
-      `listing the task containers: ${outcome.kind}`,
+      outcome.kind === "expired"
+        ? `listing the task containers: deadline exceeded after ${outcome.operationElapsedMs} ms`
+        : "listing the task containers: interrupted",
     );
   }
   const stderr = outcome.stderr.toString("utf8").trim();
@@ -263,7 +265,8 @@ async function listTaskContainers(
     throw new ListingError(
       outcome.code === 255 ? "ssh" : "exit",
       { code: outcome.code, stderr },
-      `listing the task containers: exit status ${outcome.code}: ${stderr}`,
+      // ssh's own complaint (after any banner or warning lines) is its last line.
+      `listing the task containers: exit status ${outcome.code}: ${stderr.split("\n").at(-1) ?? ""}`,
     );
   }
   return outcome.stdout

@@ -193,6 +193,8 @@ describe("the docker CLI over SSH", () => {
     expect(argv.slice(0, -1)).toEqual([
       "ssh",
       "-o",
+      "StrictHostKeyChecking=accept-new",
+      "-o",
       "BatchMode=yes",
       "-o",
       "ConnectTimeout=10",
@@ -200,8 +202,6 @@ describe("the docker CLI over SSH", () => {
       "ServerAliveInterval=5",
       "-o",
       "ServerAliveCountMax=2",
-      "-o",
-      "StrictHostKeyChecking=accept-new",
       "-p",
       "2222",
       "--",

@@ -27,7 +27,7 @@ export interface SshTarget {
   readonly identityFile?: string;
   /** Seconds to wait for the TCP connection and the handshake (default 10). */
   readonly connectTimeoutS?: number;
-  /** Extra `-o` options (`StrictHostKeyChecking=accept-new`…), after the fixed ones. */
+  /** Extra `-o` options (`StrictHostKeyChecking=accept-new`…); they override the fixed ones. */
   readonly options?: readonly string[];
 }
 
@@ -44,12 +44,14 @@ export function describeTarget(target: CliTarget): string {
 /**
  * The ssh argv prefix for a target: never a password prompt (BatchMode), a bounded connect,
  * keepalives that notice a dead connection within ~10 s. Host keys are checked as the user's ssh
- * config says; `options` may override that. None of this bounds a live connection to a wedged
+ * config says; `options` come first, so they override all of this. None of this bounds a live connection to a wedged
  * daemon: the bounded runner does.
  */
 export function sshArgv(target: SshTarget): string[] {
   return [
     "ssh",
+    // ssh keeps the first value it reads for an option: the operator's come first, so they win.
+    ...(target.options ?? []).flatMap((option) => ["-o", option]),
     "-o",
     "BatchMode=yes",
     "-o",
@@ -58,7 +60,6 @@ export function sshArgv(target: SshTarget): string[] {
     "ServerAliveInterval=5",
     "-o",
     "ServerAliveCountMax=2",
-    ...(target.options ?? []).flatMap((option) => ["-o", option]),
     ...(target.port !== undefined ? ["-p", String(target.port)] : []),
     ...(target.identityFile !== undefined ? ["-i", target.identityFile] : []),
     "--",
