@@ -1,7 +1,11 @@
 import { hostname } from "node:os";
 import pLimit from "p-limit";
-import { CliRemovalChannel, describeTarget, type CliTarget } from "../docker/cli-removal.js";
-import { confirmRemoval } from "../docker/confirmed-removal.js";
+import {
+  CliRemovalChannel,
+  describeTarget,
+  removeContainerViaCli,
+  type CliTarget,
+} from "../docker/cli-removal.js";
 import { LABEL_IS_TASK, LABEL_TASK_ID } from "../docker/docker-client.js";
 import {
   describeRemovalReason,
@@ -213,7 +217,7 @@ async function fenceViaCli(
       : request.selection.ids.filter((id) => !containers.some((c) => c.taskId === id));
   const limit = pLimit(FENCE_CONCURRENCY);
   const removed = await Promise.all(
-    selected.map((c) => limit(() => removeOne(channel, c, request.deadlineMs))),
+    selected.map((c) => limit(() => removeOne(runner, target, c, request.deadlineMs))),
   );
   const absent: FenceResult[] = missing.map((id) => ({
     container: null,
@@ -299,14 +303,15 @@ function reasonEvidence(reason: RemovalUnconfirmedReason): Record<string, unknow
 
 /** The seed's confirmed removal of one listed container, by id (a name may be reused). */
 async function removeOne(
-  channel: CliRemovalChannel,
+  runner: CommandRunner,
+  target: CliTarget,
   container: TaskContainer,
   deadlineMs: number,
 ): Promise<FenceResult> {
   const bound = OperationBound.within(deadlineMs);
   const base = { container: container.name, task_id: container.taskId || null };
   try {
-    const confirmed = await confirmRemoval(channel, container.id, bound);
+    const confirmed = await removeContainerViaCli(runner, container.id, target, bound);
     return {
       ...base,
       outcome: confirmed === "removed" ? "removed" : "already_absent",

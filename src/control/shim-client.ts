@@ -136,7 +136,7 @@ export const SHIM_RUNNING_RESTART_SAFE_FROM = "0.21.3";
  * only `terminated`. The `implementation` field is a taskshim extension dstack does not read, so
  * the gate ignores it.
  */
-export function restartSafeStatuses(version: string | null): readonly TaskStatus[] {
+function restartSafeStatuses(version: string | null): readonly TaskStatus[] {
   if (version === null || semver.gte(version, TASKSHIM_DURABLE_FROM)) return TASK_STATUSES;
   if (semver.gte(version, SHIM_RUNNING_RESTART_SAFE_FROM)) return ["terminated", "running"];
   return ["terminated"];

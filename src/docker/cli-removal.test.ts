@@ -9,7 +9,7 @@ import {
   type CommandRequest,
   type CommandRunner,
 } from "../exec/run-bounded.js";
-import { describeTarget, removeContainerViaCli, sshArgv } from "./cli-removal.js";
+import { describeTarget, removeContainerViaCli } from "./cli-removal.js";
 import { RemovalUnconfirmedError } from "./docker-errors.js";
 
 type Answer = BoundedOutcome | Error;
@@ -210,8 +210,10 @@ describe("the docker CLI over SSH", () => {
     expect(argv.at(-1)).toBe(`'docker' 'rm' '--force' '--volumes' 'job'\\''; rm -rf /'`);
   });
 
-  it("adds an identity file when given, and names the target as written", () => {
-    expect(sshArgv({ kind: "ssh", host: "h", identityFile: "/k" }).join(" ")).toContain("-i /k -- h");
+  it("adds an identity file when given, and names the target as written", async () => {
+    const runner = new ScriptedRunner([exited(0)]);
+    await removeContainerViaCli(runner, "c1", { kind: "ssh", host: "h", identityFile: "/k" });
+    expect(runner.calls[0]?.argv.join(" ")).toContain("-i /k -- h ");
     expect(describeTarget({ kind: "ssh", host: "h" })).toBe("h");
     expect(describeTarget({ kind: "local" })).toBe("local");
   });

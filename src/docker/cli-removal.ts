@@ -47,7 +47,7 @@ export function describeTarget(target: CliTarget): string {
  * config says; `options` come first, so they override all of this. None of this bounds a live connection to a wedged
  * daemon: the bounded runner does.
  */
-export function sshArgv(target: SshTarget): string[] {
+function sshArgv(target: SshTarget): string[] {
   return [
     "ssh",
     // ssh keeps the first value it reads for an option: the operator's come first, so they win.
@@ -68,7 +68,7 @@ export function sshArgv(target: SshTarget): string[] {
 }
 
 /** The argv that runs `docker args…` on the target. */
-export function dockerArgv(target: CliTarget, args: readonly string[]): string[] {
+function dockerArgv(target: CliTarget, args: readonly string[]): string[] {
   if (target.kind === "local") return ["docker", ...args];
   // The remote side runs a shell: every word is quoted, the container name above all.
   return [...sshArgv(target), ["docker", ...args].map(shellQuote).join(" ")];

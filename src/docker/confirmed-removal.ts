@@ -7,7 +7,7 @@ import { RemovalUnconfirmedError, type RemovalUnconfirmedReason } from "./docker
 /** How long a removal may take before it is reported as unconfirmed (the seed's `REMOVAL_TIMEOUT`). */
 export const REMOVAL_TIMEOUT_MS = 30_000;
 /** How often a removal "already in progress" is checked for the container to be gone. */
-export const REMOVAL_POLL_MS = 250;
+const REMOVAL_POLL_MS = 250;
 
 /** What the daemon answered to one forced removal. */
 export type RemoveAnswer =
