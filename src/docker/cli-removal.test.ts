@@ -171,7 +171,7 @@ describe("removeContainerViaCli: a removal already in progress", () => {
     const took = Date.now() - started;
     expect(reason).toMatchObject({ kind: "deadline", cleanup: evidence });
     expect(took).toBeGreaterThanOrEqual(690);
-    expect(took).toBeLessThan(1_200);
+    expect(took).toBeLessThan(1_700);
     // One inspect per 250 ms: at most 4 in 700 ms.
     const inspects = runner.steps().filter((s) => s === "inspect").length;
     expect(inspects).toBeGreaterThanOrEqual(2);

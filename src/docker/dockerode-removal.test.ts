@@ -117,7 +117,7 @@ describe("DockerodeClient.removeContainer: the seed's confirmed removal on the E
     const reason = await reasonOf(engine.client.removeContainer("c1"));
     expect(reason).toMatchObject({ kind: "deadline", cleanup: null });
     expect(Date.now() - started).toBeGreaterThanOrEqual(790);
-    expect(Date.now() - started).toBeLessThan(1_500);
+    expect(Date.now() - started).toBeLessThan(2_000);
     expect(engine.requests.filter((r) => r === "INSPECT").length).toBeGreaterThanOrEqual(3);
   });
 
@@ -125,7 +125,7 @@ describe("DockerodeClient.removeContainer: the seed's confirmed removal on the E
     engine = await fakeEngine([IN_PROGRESS], ["hang"], 600);
     const started = Date.now();
     expect((await reasonOf(engine.client.removeContainer("c1"))).kind).toBe("deadline");
-    expect(Date.now() - started).toBeLessThan(1_300);
+    expect(Date.now() - started).toBeLessThan(2_000);
   });
 
   it("a removal that hangs is unconfirmed at the deadline", async () => {
@@ -135,7 +135,7 @@ describe("DockerodeClient.removeContainer: the seed's confirmed removal on the E
       kind: "deadline",
       cleanup: null,
     });
-    expect(Date.now() - started).toBeLessThan(1_200);
+    expect(Date.now() - started).toBeLessThan(2_000);
   });
 
   it("any other engine error is typed as engine, with no inspect", async () => {
