@@ -3,7 +3,7 @@
 //
 // Finds the engine (DOCKER_HOST: unix:// or tcp://, else /var/run/docker.sock) and pings it. When it
 // does not answer and we are root on Linux, installs Debian's docker.io (plus busybox-static,
-// docker-registry and apache2-utils for the tests) and starts dockerd detached, logging to
+// docker-registry, apache2-utils, openssh-client and openssh-server for the tests) and starts dockerd detached, logging to
 // /var/log/taskshim-dockerd.log. Fast and silent-ish when everything is already there.
 //
 // Usage: node scripts/ensure-engine.mjs [--quiet] [--engine-only]
@@ -31,6 +31,8 @@ const REQUIRED = [
   { bin: "docker-registry", pkg: "docker-registry" },
   { bin: "htpasswd", pkg: "apache2-utils" },
   { bin: "ssh", pkg: "openssh-client" },
+  // `taskshim fence --ssh` is tested against a real sshd the test starts on a free port.
+  { bin: "sshd", pkg: "openssh-server" },
 ];
 
 const args = process.argv.slice(2);

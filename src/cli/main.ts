@@ -4,6 +4,7 @@ import { formatUpgradeTable, upgradeFleet } from "../control/upgrade.js";
 import { ConfigError, resolveShimConfig, SERVE_SETTINGS, type ServeFlags } from "../config/shim-config.js";
 import { VERSION } from "../version.js";
 import { addClientCommands } from "./client-commands.js";
+import { addFenceCommand } from "./fence.js";
 import { supervise } from "./supervise.js";
 
 /** The path of this shim's own executable: the SEA binary, or the bundle run by node. */
@@ -82,6 +83,7 @@ export function buildCli(): Command {
       process.exit(results.some((r) => r.outcome === "failed") ? 1 : 0);
     });
   addClientCommands(program);
+  addFenceCommand(program);
   return program;
 }
 

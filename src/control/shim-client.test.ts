@@ -52,14 +52,32 @@ describe("negotiateFeatures", () => {
     expect(features.restartSafeStatuses).toEqual(TASK_STATUSES);
   });
 
-  it("allows only terminated for any other or unknown shim", () => {
-    for (const health of [
-      { service: "dstack-shim", version: "0.21.3" },
-      { service: "dstack-shim", version: "1.0.0" },
-      { service: "dstack-shim", version: "latest", implementation: "taskshim" },
-      { service: "dstack-shim", version: "0.9.0", implementation: "taskshim" },
-    ]) {
-      expect(negotiateFeatures(health).restartSafeStatuses).toEqual(["terminated"]);
+  it("gates restarts on the version alone, as dstack reads it", () => {
+    const every = TASK_STATUSES;
+    const table: [string, string | undefined, readonly string[]][] = [
+      // dstack-shim before #4224: only terminated tasks survive a restart.
+      ["0.18.30", undefined, ["terminated"]],
+      ["0.21.2", undefined, ["terminated"]],
+      // dstack #4224: running tasks survive a restart of shim >= 0.21.3.
+      ["0.21.3", undefined, ["terminated", "running"]],
+      ["0.22.0", undefined, ["terminated", "running"]],
+      ["0.99.99", undefined, ["terminated", "running"]],
+      // taskshim >= 1.0.0: every status survives (durable task.json), with or without the field.
+      ["1.0.0", "taskshim", every],
+      ["1.0.0", undefined, every],
+      ["1.4.2", "taskshim", every],
+      // Non-final versions are the newest build: the newest rules.
+      ["latest", undefined, every],
+      ["1.2.0-rc.1", undefined, every],
+      ["0.21.3-rc.1", undefined, every],
+      ["0.0.1.dev2", undefined, every],
+      // The non-standard field changes nothing: an old version stays old.
+      ["0.9.0", "taskshim", ["terminated"]],
+      ["0.21.3", "taskshim", ["terminated", "running"]],
+    ];
+    for (const [version, implementation, expected] of table) {
+      const health = { service: "dstack-shim", version, ...(implementation ? { implementation } : {}) };
+      expect([version, negotiateFeatures(health).restartSafeStatuses]).toEqual([version, expected]);
     }
   });
 });

@@ -134,24 +134,34 @@ const atLeast = (version: string | null, min: string): boolean =>
 
 /** The first taskshim version whose every status survives a restart (durable task.json). */
 export const TASKSHIM_DURABLE_FROM = "1.0.0";
+/** The first dstack-shim version whose running tasks survive a restart (dstack #4224). */
+export const SHIM_RUNNING_RESTART_SAFE_FROM = "0.21.3";
 
 /**
- * The feature gates of dstack's ShimClient (§7.1), plus the restart gate: every status is
- * restart-safe on a taskshim with durable state; on any other or unknown shim only `terminated`.
+ * The restart gate as dstack reads it, on the version alone: a non-final version ("latest", a
+ * pre-release) is the newest build, so it gets the newest rules; taskshim ≥ 1.0.0 keeps every
+ * status across a restart; dstack-shim ≥ 0.21.3 keeps `running` (dstack #4224); anything older
+ * only `terminated`. The `implementation` field is a taskshim extension dstack does not read, so
+ * the gate ignores it.
  */
+function restartSafeStatuses(version: string | null): readonly TaskStatus[] {
+  if (version === null || semver.gte(version, TASKSHIM_DURABLE_FROM)) return TASK_STATUSES;
+  if (semver.gte(version, SHIM_RUNNING_RESTART_SAFE_FROM)) return ["terminated", "running"];
+  return ["terminated"];
+}
+
+/** The feature gates of dstack's ShimClient (§7.1), plus the restart gate. */
 export function negotiateFeatures(health: Healthcheck): ShimFeatures {
   const version = parseShimVersion(health.version);
-  const isTaskshim = health.implementation === "taskshim";
-  const durable = isTaskshim && version !== null && semver.gte(version, TASKSHIM_DURABLE_FROM);
   return {
     version,
-    isTaskshim,
+    isTaskshim: health.implementation === "taskshim",
     apiVersion: atLeast(version, "0.18.34") ? 2 : 1,
     instanceHealth: atLeast(version, "0.19.22"),
     instanceInfo: atLeast(version, "0.20.30"),
     components: atLeast(version, "0.20.0"),
     shutdown: atLeast(version, "0.20.1"),
-    restartSafeStatuses: durable ? TASK_STATUSES : ["terminated"],
+    restartSafeStatuses: restartSafeStatuses(version),
   };
 }
 

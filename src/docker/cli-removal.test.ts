@@ -3,25 +3,30 @@ import type { CleanupEvidence } from "../exec/cleanup-evidence.js";
 import { OperationBound } from "../exec/operation-bound.js";
 import {
   CommandLaunchError,
+  CommandStdinError,
+  CommandWaitCleanupError,
   type BoundedOutcome,
   type CommandRequest,
   type CommandRunner,
 } from "../exec/run-bounded.js";
-import { dockerGpuArgs, removeContainerViaCli, sshArgv } from "./cli-removal.js";
+import { describeTarget, removeContainerViaCli } from "./cli-removal.js";
 import { RemovalUnconfirmedError } from "./docker-errors.js";
+
+type Answer = BoundedOutcome | Error;
 
 /** A runner that answers each call with the next scripted outcome and records the argv. */
 class ScriptedRunner implements CommandRunner {
   readonly calls: CommandRequest[] = [];
-  constructor(
-    private readonly answers: (BoundedOutcome | Error | ((r: CommandRequest) => BoundedOutcome))[],
-  ) {}
+  constructor(private readonly answers: Answer[]) {}
   run(request: CommandRequest): Promise<BoundedOutcome> {
     this.calls.push(request);
     const next = this.answers.length > 1 ? this.answers.shift() : this.answers[0];
     if (next instanceof Error) return Promise.reject(next);
-    if (typeof next === "function") return Promise.resolve(next(request));
     return Promise.resolve(next as BoundedOutcome);
+  }
+  /** "rm" or "inspect", per call: which branch of the removal ran. */
+  steps(): string[] {
+    return this.calls.map((c) => (c.argv.join(" ").includes("inspect") ? "inspect" : "rm"));
   }
 }
 
@@ -42,75 +47,51 @@ const evidence: CleanupEvidence = {
   verified: true,
   error: null,
 };
+const expired: BoundedOutcome = {
+  kind: "expired",
+  kill: { ok: true },
+  operationElapsedMs: 30_000,
+  cleanup: evidence,
+};
+const IN_PROGRESS = "Error response from daemon: removal of container c1 is already in progress";
+const NO_SUCH = "Error response from daemon: No such container: c1";
 
 async function reasonOf(promise: Promise<unknown>): Promise<RemovalUnconfirmedError["reason"]> {
-  try {
-    await promise;
-  } catch (error) {
-    expect(error).toBeInstanceOf(RemovalUnconfirmedError);
-    return (error as RemovalUnconfirmedError).reason;
-  }
-  throw new Error("expected the removal to be unconfirmed");
+  const error = await promise.then(
+    () => undefined,
+    (e: unknown) => e,
+  );
+  expect(error).toBeInstanceOf(RemovalUnconfirmedError);
+  return (error as RemovalUnconfirmedError).reason;
 }
 
-describe("removeContainerViaCli", () => {
-  it("confirms a successful removal", async () => {
+describe("removeContainerViaCli: the rm answer", () => {
+  it("confirms a successful removal as removed, with one rm and no inspect", async () => {
     const runner = new ScriptedRunner([exited(0, "", "c1")]);
     expect(await removeContainerViaCli(runner, "c1")).toBe("removed");
     expect(runner.calls[0]?.argv).toEqual(["docker", "rm", "--force", "--volumes", "c1"]);
     expect(runner.calls[0]?.interruptible).toBe(false);
+    expect(runner.steps()).toEqual(["rm"]);
   });
 
-  it("confirms a container that is already absent", async () => {
-    const runner = new ScriptedRunner([exited(1, "Error: No such container: c1")]);
+  it("confirms 'No such container' as already absent, without polling", async () => {
+    const runner = new ScriptedRunner([exited(1, NO_SUCH)]);
     expect(await removeContainerViaCli(runner, "c1")).toBe("already-absent");
+    expect(runner.steps()).toEqual(["rm"]);
   });
 
-  it("polls a removal already in progress until the container is gone", async () => {
-    const runner = new ScriptedRunner([
-      exited(1, "Error response from daemon: removal of container c1 is already in progress"),
-      exited(0, "", "abc"),
-      exited(1, "Error: No such container: c1"),
-    ]);
-    expect(await removeContainerViaCli(runner, "c1")).toBe("removed");
-    expect(runner.calls.map((c) => c.argv.slice(1, 3).join(" "))).toEqual([
-      "rm --force",
-      "container inspect",
-      "container inspect",
-    ]);
-  });
-
-  it("reports a removal in progress that never ends as unconfirmed at the deadline", async () => {
-    const runner = new ScriptedRunner([
-      exited(1, "Error response from daemon: removal of container c1 is already in progress"),
-      exited(0, "", "abc"),
-    ]);
-    const started = Date.now();
-    const reason = await reasonOf(
-      removeContainerViaCli(runner, "c1", { kind: "local" }, OperationBound.within(600)),
-    );
-    expect(reason.kind).toBe("deadline");
-    expect(Date.now() - started).toBeLessThan(1_500);
-  });
-
-  it("reports any other failure with its exit status and stderr", async () => {
+  it("reports any other exit with its status and stderr, without polling", async () => {
     const runner = new ScriptedRunner([exited(1, "Error response from daemon: driver failed")]);
     expect(await reasonOf(removeContainerViaCli(runner, "c1"))).toEqual({
-      kind: "exit-status",
+      kind: "exit",
       code: 1,
       stderr: "Error response from daemon: driver failed",
     });
-  });
-
-  it("reports a launch failure", async () => {
-    const runner = new ScriptedRunner([new CommandLaunchError("cannot start docker: ENOENT")]);
-    expect((await reasonOf(removeContainerViaCli(runner, "c1"))).kind).toBe("launch");
+    expect(runner.steps()).toEqual(["rm"]);
   });
 
   it("carries the client's cleanup evidence when the docker client hits the deadline", async () => {
-    const runner = new ScriptedRunner([
-      { kind: "expired", kill: { ok: true }, operationElapsedMs: 30_000, cleanup: evidence },
-    ]);
+    const runner = new ScriptedRunner([expired]);
     expect(await reasonOf(removeContainerViaCli(runner, "c1"))).toEqual({
       kind: "deadline",
       elapsedMs: 30_000,
@@ -118,14 +99,87 @@ describe("removeContainerViaCli", () => {
     });
   });
 
-  it("reports ssh's own failure (exit 255) as an ssh reason", async () => {
-    const runner = new ScriptedRunner([
-      exited(255, "ssh: connect to host gpu-7 port 22: Connection refused"),
-    ]);
-    const reason = await reasonOf(removeContainerViaCli(runner, "c1", { kind: "ssh", host: "gpu-7" }));
-    expect(reason).toEqual({ kind: "ssh", detail: "ssh: connect to host gpu-7 port 22: Connection refused" });
+  it("types a local launch failure as launch, and an ssh one as ssh naming the target", async () => {
+    const local = new ScriptedRunner([new CommandLaunchError("cannot start docker: ENOENT")]);
+    expect(await reasonOf(removeContainerViaCli(local, "c1"))).toEqual({
+      kind: "launch",
+      detail: "cannot start docker: ENOENT",
+    });
+    const remote = new ScriptedRunner([new CommandLaunchError("cannot start ssh: ENOENT")]);
+    expect(
+      await reasonOf(removeContainerViaCli(remote, "c1", { kind: "ssh", host: "gpu-7", user: "u", port: 2 })),
+    ).toEqual({ kind: "ssh", detail: "failed to launch SSH for u@gpu-7:2: cannot start ssh: ENOENT" });
   });
 
+  it("types a wait failure as wait_cleanup with the client's cleanup evidence", async () => {
+    const waitEvidence = { ...evidence, trigger: "wait_failure" as const };
+    const runner = new ScriptedRunner([new CommandWaitCleanupError("waitpid failed", 120, waitEvidence)]);
+    expect(await reasonOf(removeContainerViaCli(runner, "c1"))).toEqual({
+      kind: "wait_cleanup",
+      detail: "waitpid failed",
+      elapsedMs: 120,
+      cleanup: waitEvidence,
+    });
+  });
+
+  it("types a stdin or read failure as wait", async () => {
+    const runner = new ScriptedRunner([new CommandStdinError("EPIPE")]);
+    expect(await reasonOf(removeContainerViaCli(runner, "c1"))).toEqual({ kind: "wait", detail: "EPIPE" });
+  });
+
+  it("types an interrupted client as wait", async () => {
+    const runner = new ScriptedRunner([
+      { kind: "interrupted", kill: { ok: true }, operationElapsedMs: 5, cleanup: evidence },
+    ]);
+    expect(await reasonOf(removeContainerViaCli(runner, "c1"))).toEqual({
+      kind: "wait",
+      detail: "container cleanup was interrupted",
+    });
+  });
+});
+
+describe("removeContainerViaCli: a removal already in progress", () => {
+  it("polls inspect until 'No such container' and confirms already absent", async () => {
+    const runner = new ScriptedRunner([exited(1, IN_PROGRESS), exited(0, "", "abc"), exited(1, NO_SUCH)]);
+    expect(await removeContainerViaCli(runner, "c1")).toBe("already-absent");
+    expect(runner.steps()).toEqual(["rm", "inspect", "inspect"]);
+    expect(runner.calls[1]?.argv).toEqual(["docker", "container", "inspect", "--format", "{{.Id}}", "c1"]);
+  });
+
+  it("keeps polling through every other answer: a launch error, ssh's 255, a timed-out probe", async () => {
+    const runner = new ScriptedRunner([
+      exited(1, IN_PROGRESS),
+      new CommandLaunchError("cannot start ssh"),
+      exited(255, "ssh: connect to host gpu-7 port 22: Connection refused"),
+      expired,
+      exited(1, "Error response from daemon: i/o timeout"),
+      exited(1, NO_SUCH),
+    ]);
+    const started = Date.now();
+    expect(await removeContainerViaCli(runner, "c1", { kind: "ssh", host: "gpu-7" })).toBe("already-absent");
+    expect(runner.steps()).toEqual(["rm", "inspect", "inspect", "inspect", "inspect", "inspect"]);
+    // Four waits of 250 ms between five probes.
+    expect(Date.now() - started).toBeGreaterThanOrEqual(4 * 250 - 20);
+  });
+
+  it("ends unconfirmed at the deadline, with the last killed probe's evidence", async () => {
+    const runner = new ScriptedRunner([exited(1, IN_PROGRESS), expired, exited(0, "", "abc")]);
+    const started = Date.now();
+    const reason = await reasonOf(
+      removeContainerViaCli(runner, "c1", { kind: "local" }, OperationBound.within(700)),
+    );
+    const took = Date.now() - started;
+    expect(reason).toMatchObject({ kind: "deadline", cleanup: evidence });
+    expect(took).toBeGreaterThanOrEqual(690);
+    expect(took).toBeLessThan(1_700);
+    // One inspect per 250 ms: at most 4 in 700 ms.
+    const inspects = runner.steps().filter((s) => s === "inspect").length;
+    expect(inspects).toBeGreaterThanOrEqual(2);
+    expect(inspects).toBeLessThanOrEqual(4);
+  });
+});
+
+describe("the docker CLI over SSH", () => {
   it("runs docker on the remote machine with the container name shell-quoted", async () => {
     const runner = new ScriptedRunner([exited(0)]);
     await removeContainerViaCli(runner, "job'; rm -rf /", {
@@ -133,10 +187,13 @@ describe("removeContainerViaCli", () => {
       host: "gpu-7",
       user: "ubuntu",
       port: 2222,
+      options: ["StrictHostKeyChecking=accept-new"],
     });
     const argv = runner.calls[0]?.argv ?? [];
     expect(argv.slice(0, -1)).toEqual([
       "ssh",
+      "-o",
+      "StrictHostKeyChecking=accept-new",
       "-o",
       "BatchMode=yes",
       "-o",
@@ -152,15 +209,12 @@ describe("removeContainerViaCli", () => {
     ]);
     expect(argv.at(-1)).toBe(`'docker' 'rm' '--force' '--volumes' 'job'\\''; rm -rf /'`);
   });
-});
 
-describe("sshArgv and dockerGpuArgs", () => {
-  it("adds an identity file when given", () => {
-    expect(sshArgv({ kind: "ssh", host: "h", identityFile: "/k" })).toContain("/k");
-  });
-
-  it("quotes a device list so docker does not split it on the comma", () => {
-    expect(dockerGpuArgs("0,1")).toEqual(["--gpus", '"device=0,1"']);
-    expect(dockerGpuArgs("3")).toEqual(["--gpus", '"device=3"']);
+  it("adds an identity file when given, and names the target as written", async () => {
+    const runner = new ScriptedRunner([exited(0)]);
+    await removeContainerViaCli(runner, "c1", { kind: "ssh", host: "h", identityFile: "/k" });
+    expect(runner.calls[0]?.argv.join(" ")).toContain("-i /k -- h ");
+    expect(describeTarget({ kind: "ssh", host: "h" })).toBe("h");
+    expect(describeTarget({ kind: "local" })).toBe("local");
   });
 });

@@ -1,38 +1,57 @@
-import { setTimeout as sleep } from "node:timers/promises";
 import { OperationBound } from "../exec/operation-bound.js";
-import { CommandLaunchError, CommandWaitCleanupError, type CommandRunner } from "../exec/run-bounded.js";
+import {
+  CommandLaunchError,
+  CommandStdinError,
+  CommandWaitCleanupError,
+  CommandWaitError,
+  type BoundedOutcome,
+  type CommandRunner,
+} from "../exec/run-bounded.js";
+import {
+  confirmRemoval,
+  REMOVAL_TIMEOUT_MS,
+  type InspectAnswer,
+  type RemovalChannel,
+  type RemoveAnswer,
+} from "./confirmed-removal.js";
 import type { RemovalConfirmed } from "./docker-client.js";
-import { RemovalUnconfirmedError } from "./docker-errors.js";
+import type { RemovalUnconfirmedReason } from "./docker-errors.js";
 import { shellQuote } from "./container-spec.js";
 
-/** How long a removal may take before it is reported as unconfirmed. */
-export const REMOVAL_TIMEOUT_MS = 30_000;
-const POLL_INTERVAL_MS = 250;
-/** ssh's own exit status for a connection or authentication failure. */
-const SSH_FAILURE_STATUS = 255;
-
-/** Where the container lives: this host, or a launch machine reached over SSH. */
-export type RemovalTarget =
-  | { readonly kind: "local" }
-  | {
-      readonly kind: "ssh";
-      readonly host: string;
-      readonly user?: string;
-      readonly port?: number;
-      readonly identityFile?: string;
-      /** Seconds to wait for the TCP connection (default 10). */
-      readonly connectTimeoutS?: number;
-    };
-
-/** The `--gpus` argv pair for a device list: quoted, or docker splits `device=0,1` on the comma. */
-export function dockerGpuArgs(devices: string): [string, string] {
-  return ["--gpus", `"device=${devices}"`];
+/** An SSH destination: `[user@]host[:port]`, and how to authenticate. */
+export interface SshTarget {
+  readonly kind: "ssh";
+  readonly host: string;
+  readonly user?: string;
+  readonly port?: number;
+  readonly identityFile?: string;
+  /** Seconds to wait for the TCP connection and the handshake (default 10). */
+  readonly connectTimeoutS?: number;
+  /** Extra `-o` options (`StrictHostKeyChecking=accept-new`…); they override the fixed ones. */
+  readonly options?: readonly string[];
 }
 
-/** The ssh argv prefix for a target: bounded connect, keepalives, never a password prompt. */
-export function sshArgv(target: Extract<RemovalTarget, { kind: "ssh" }>): string[] {
+/** Where the docker CLI runs: this host, or a launch machine reached over SSH. */
+export type CliTarget = { readonly kind: "local" } | SshTarget;
+
+/** `[user@]host[:port]`, as the operator wrote it. */
+export function describeTarget(target: CliTarget): string {
+  if (target.kind === "local") return "local";
+  const who = target.user !== undefined ? `${target.user}@${target.host}` : target.host;
+  return target.port !== undefined ? `${who}:${target.port}` : who;
+}
+
+/**
+ * The ssh argv prefix for a target: never a password prompt (BatchMode), a bounded connect,
+ * keepalives that notice a dead connection within ~10 s. Host keys are checked as the user's ssh
+ * config says; `options` come first, so they override all of this. None of this bounds a live connection to a wedged
+ * daemon: the bounded runner does.
+ */
+function sshArgv(target: SshTarget): string[] {
   return [
     "ssh",
+    // ssh keeps the first value it reads for an option: the operator's come first, so they win.
+    ...(target.options ?? []).flatMap((option) => ["-o", option]),
     "-o",
     "BatchMode=yes",
     "-o",
@@ -48,107 +67,93 @@ export function sshArgv(target: Extract<RemovalTarget, { kind: "ssh" }>): string
   ];
 }
 
-function dockerArgv(target: RemovalTarget, args: readonly string[]): string[] {
+/** The argv that runs `docker args…` on the target. */
+function dockerArgv(target: CliTarget, args: readonly string[]): string[] {
   if (target.kind === "local") return ["docker", ...args];
   // The remote side runs a shell: every word is quoted, the container name above all.
   return [...sshArgv(target), ["docker", ...args].map(shellQuote).join(" ")];
 }
 
-type Attempt =
-  | {
-      readonly kind: "exited";
-      readonly code: number | null;
-      readonly stderr: string;
-      readonly stdout: string;
-    }
-  | { readonly kind: "failed"; readonly error: RemovalUnconfirmedError };
+const NO_SUCH_CONTAINER = "No such container";
+const IN_PROGRESS = "is already in progress";
 
-async function attempt(
-  runner: CommandRunner,
-  container: string,
-  target: RemovalTarget,
-  args: readonly string[],
-  bound: OperationBound,
-): Promise<Attempt> {
-  try {
-    // Removal is cleanup: an operator interruption must not leave it half-done.
-    const outcome = await runner.run({ argv: dockerArgv(target, args), bound, interruptible: false });
-    switch (outcome.kind) {
-      case "exited": {
-        const stderr = outcome.stderr.toString("utf8").trim();
-        if (target.kind === "ssh" && outcome.code === SSH_FAILURE_STATUS) {
-          return {
-            kind: "failed",
-            error: new RemovalUnconfirmedError(container, { kind: "ssh", detail: stderr }),
-          };
-        }
-        return { kind: "exited", code: outcome.code, stderr, stdout: outcome.stdout.toString("utf8").trim() };
-      }
-      case "expired":
-      case "interrupted":
-        return {
-          kind: "failed",
-          error: new RemovalUnconfirmedError(container, {
-            kind: "deadline",
-            elapsedMs: outcome.operationElapsedMs,
-            cleanup: outcome.cleanup,
-          }),
-        };
+/** A client that ended without exiting, or never ran: the seed's mapping of each to a reason. */
+function failureOf(outcome: Exclude<BoundedOutcome, { kind: "exited" }>): RemovalUnconfirmedReason {
+  return outcome.kind === "expired"
+    ? { kind: "deadline", elapsedMs: outcome.operationElapsedMs, cleanup: outcome.cleanup }
+    : { kind: "wait", detail: "container cleanup was interrupted" };
+}
+
+function errorReason(target: CliTarget, error: unknown): RemovalUnconfirmedReason {
+  const detail = error instanceof Error ? error.message : String(error);
+  if (error instanceof CommandLaunchError) {
+    return target.kind === "ssh"
+      ? { kind: "ssh", detail: `failed to launch SSH for ${describeTarget(target)}: ${detail}` }
+      : { kind: "launch", detail };
+  }
+  if (error instanceof CommandWaitCleanupError) {
+    return { kind: "wait_cleanup", detail, elapsedMs: error.operationElapsedMs, cleanup: error.cleanup };
+  }
+  if (error instanceof CommandStdinError || error instanceof CommandWaitError)
+    return { kind: "wait", detail };
+  throw error;
+}
+
+/**
+ * The docker CLI as a {@link RemovalChannel}, here or over SSH. Removal is cleanup: an operator
+ * interruption must not leave it half-done, so its commands are not interruptible.
+ */
+export class CliRemovalChannel implements RemovalChannel {
+  constructor(
+    private readonly runner: CommandRunner,
+    private readonly target: CliTarget = { kind: "local" },
+  ) {}
+
+  async remove(container: string, bound: OperationBound): Promise<RemoveAnswer> {
+    let outcome: BoundedOutcome;
+    try {
+      outcome = await this.run(["rm", "--force", "--volumes", container], bound);
+    } catch (error) {
+      return { kind: "failed", reason: errorReason(this.target, error) };
     }
-  } catch (error) {
-    const kind = error instanceof CommandLaunchError ? "launch" : "wait";
-    const detail = (error as Error).message;
-    const reason =
-      error instanceof CommandWaitCleanupError
-        ? ({ kind: "deadline", elapsedMs: error.operationElapsedMs, cleanup: error.cleanup } as const)
-        : ({ kind, detail } as const);
-    return { kind: "failed", error: new RemovalUnconfirmedError(container, reason, { cause: error }) };
+    if (outcome.kind !== "exited") return { kind: "failed", reason: failureOf(outcome) };
+    if (outcome.code === 0) return { kind: "removed" };
+    const stderr = outcome.stderr.toString("utf8").trim();
+    if (stderr.includes(NO_SUCH_CONTAINER)) return { kind: "absent" };
+    if (stderr.includes(IN_PROGRESS)) return { kind: "in-progress" };
+    return { kind: "failed", reason: { kind: "exit", code: outcome.code, stderr } };
+  }
+
+  async inspect(container: string, bound: OperationBound): Promise<InspectAnswer> {
+    try {
+      // `docker container inspect` (not `docker inspect`) says "No such container" once it is gone.
+      const outcome = await this.run(["container", "inspect", "--format", "{{.Id}}", container], bound);
+      if (outcome.kind === "exited") {
+        const gone = outcome.code !== 0 && outcome.stderr.toString("utf8").includes(NO_SUCH_CONTAINER);
+        return gone ? { kind: "absent" } : { kind: "unknown", cleanup: null };
+      }
+      return { kind: "unknown", cleanup: outcome.cleanup };
+    } catch (error) {
+      // A launch or wait failure proves nothing either; the deadline decides.
+      return { kind: "unknown", cleanup: error instanceof CommandWaitCleanupError ? error.cleanup : null };
+    }
+  }
+
+  /** Runs `docker args…` on the target under the removal's bound. */
+  run(args: readonly string[], bound: OperationBound): Promise<BoundedOutcome> {
+    return this.runner.run({ argv: dockerArgv(this.target, args), bound, interruptible: false });
   }
 }
 
-const NO_SUCH_CONTAINER = /no such container/i;
-const IN_PROGRESS = /removal of container .* is already in progress/i;
-
 /**
- * Removes a container through the docker CLI, here or over SSH, and confirms it is gone, all
- * within one 30 s deadline: removed = confirmed; "no such container" = confirmed, already
- * absent; "removal already in progress" = poll until gone; anything else throws
- * `RemovalUnconfirmedError` with a typed reason.
+ * Removes a container through the docker CLI, here or over SSH, and confirms it is gone within one
+ * 30 s deadline (see {@link confirmRemoval}); throws `RemovalUnconfirmedError` otherwise.
  */
-export async function removeContainerViaCli(
+export function removeContainerViaCli(
   runner: CommandRunner,
   container: string,
-  target: RemovalTarget = { kind: "local" },
+  target: CliTarget = { kind: "local" },
   bound: OperationBound = OperationBound.within(REMOVAL_TIMEOUT_MS),
 ): Promise<RemovalConfirmed> {
-  const removal = await attempt(runner, container, target, ["rm", "--force", "--volumes", container], bound);
-  if (removal.kind === "failed") throw removal.error;
-  // `rm --force` exits 0 for a container that is already gone, which confirms the removal too.
-  if (removal.code === 0) return "removed";
-  if (NO_SUCH_CONTAINER.test(removal.stderr)) return "already-absent";
-  if (!IN_PROGRESS.test(removal.stderr)) {
-    throw new RemovalUnconfirmedError(container, {
-      kind: "exit-status",
-      code: removal.code,
-      stderr: removal.stderr,
-    });
-  }
-  while (!bound.expired()) {
-    // `docker container inspect` (not `docker inspect`) says "No such container" once it is gone.
-    const probe = await attempt(
-      runner,
-      container,
-      target,
-      ["container", "inspect", "--format", "{{.Id}}", container],
-      bound,
-    );
-    if (probe.kind === "failed") throw probe.error;
-    if (probe.code !== 0 && NO_SUCH_CONTAINER.test(probe.stderr)) return "removed";
-    await sleep(Math.min(POLL_INTERVAL_MS, bound.remainingMs() ?? POLL_INTERVAL_MS));
-  }
-  throw new RemovalUnconfirmedError(container, {
-    kind: "deadline",
-    elapsedMs: bound.elapsedMs(),
-    cleanup: null,
-  });
+  return confirmRemoval(new CliRemovalChannel(runner, target), container, bound);
 }

@@ -1,3 +1,5 @@
+import type { CleanupEvidence } from "../exec/cleanup-evidence.js";
+
 /** The engine did not answer (socket missing, connection refused, deadline exceeded). */
 export class DockerUnavailableError extends Error {
   override readonly name = "DockerUnavailableError";
@@ -25,13 +27,37 @@ export class DockerConflictError extends DockerApiError {
   override readonly name = "DockerConflictError";
 }
 
-/** Why a container removal could not be confirmed. */
+/**
+ * Why a container removal could not be confirmed (the seed's `RemovalFailure`). Where a docker
+ * client process ran and had to be killed, the reason carries that cleanup's evidence.
+ */
 export type RemovalUnconfirmedReason =
+  /** The docker client (or the Engine API call) could not be started. */
   | { readonly kind: "launch"; readonly detail: string }
-  | { readonly kind: "wait"; readonly detail: string }
-  | { readonly kind: "deadline"; readonly elapsedMs: number; readonly cleanup: unknown }
-  | { readonly kind: "exit-status"; readonly code: number | null; readonly stderr: string }
+  /** The ssh client could not be started, or the remote end could not be reached. */
   | { readonly kind: "ssh"; readonly detail: string }
+  /** Waiting for the client failed without a cleanup, or the removal was interrupted. */
+  | { readonly kind: "wait"; readonly detail: string }
+  /** Waiting for the client failed; it was killed, and this is what the cleanup saw. */
+  | {
+      readonly kind: "wait_cleanup";
+      readonly detail: string;
+      readonly elapsedMs: number;
+      readonly cleanup: CleanupEvidence;
+    }
+  /**
+   * The removal deadline ran out; `cleanup` is the killed client's evidence (null when no client
+   * had to be killed: an Engine API call, or a bound that expired between two calls).
+   */
+  | {
+      readonly kind: "deadline";
+      readonly elapsedMs: number;
+      readonly cleanup: CleanupEvidence | null;
+      readonly detail?: string;
+    }
+  /** The docker client exited non-zero with an answer that confirms nothing. */
+  | { readonly kind: "exit"; readonly code: number | null; readonly stderr: string }
+  /** The Engine API answered with an error that confirms nothing. */
   | { readonly kind: "engine"; readonly detail: string };
 
 /** A removal that did not reach a confirmed end: the container may still exist. */
@@ -42,20 +68,23 @@ export class RemovalUnconfirmedError extends Error {
     readonly reason: RemovalUnconfirmedReason,
     options?: ErrorOptions,
   ) {
-    super(`removal of container ${container} not confirmed: ${describeReason(reason)}`, options);
+    super(`removal of container ${container} not confirmed: ${describeRemovalReason(reason)}`, options);
   }
 }
 
-function describeReason(reason: RemovalUnconfirmedReason): string {
+/** One line for a reason, as logs and the fence table print it. */
+export function describeRemovalReason(reason: RemovalUnconfirmedReason): string {
   switch (reason.kind) {
     case "launch":
     case "wait":
     case "ssh":
     case "engine":
       return `${reason.kind}: ${reason.detail}`;
+    case "wait_cleanup":
+      return `wait failed after ${reason.elapsedMs} ms: ${reason.detail}`;
     case "deadline":
-      return `deadline exceeded after ${reason.elapsedMs} ms`;
-    case "exit-status":
+      return `deadline exceeded after ${reason.elapsedMs} ms${reason.detail ? ` (${reason.detail})` : ""}`;
+    case "exit":
       return `exit status ${reason.code ?? "signal"}: ${reason.stderr}`;
   }
 }

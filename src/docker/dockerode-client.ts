@@ -1,8 +1,8 @@
 import { createInterface } from "node:readline";
 import type { Readable } from "node:stream";
-import { setTimeout as sleep } from "node:timers/promises";
 import Docker from "dockerode";
 import { withDeadline } from "../exec/linked-signal.js";
+import { OperationBound } from "../exec/operation-bound.js";
 import type { PortMapping } from "../tasks/task.js";
 import {
   LABEL_IS_TASK,
@@ -18,11 +18,13 @@ import {
   type TaskContainerSummary,
 } from "./docker-client.js";
 import {
-  DockerConflictError,
-  DockerNotFoundError,
-  mapDockerError,
-  RemovalUnconfirmedError,
-} from "./docker-errors.js";
+  confirmRemoval,
+  REMOVAL_TIMEOUT_MS,
+  type InspectAnswer,
+  type RemovalChannel,
+  type RemoveAnswer,
+} from "./confirmed-removal.js";
+import { DockerConflictError, DockerNotFoundError, mapDockerError } from "./docker-errors.js";
 
 /** Deadlines (ms) for the short Engine API calls. */
 export const DOCKER_DEADLINES = {
@@ -33,12 +35,12 @@ export const DOCKER_DEADLINES = {
   start: 60_000,
   /** Added to the stop timeout the caller gives the container. */
   stopExtra: 15_000,
-  remove: 30_000,
+  /** The whole confirmed removal, polling included (`REMOVAL_TIMEOUT_MS`). */
+  remove: REMOVAL_TIMEOUT_MS,
   logs: 10_000,
   image: 10_000,
 } as const;
 
-const REMOVAL_POLL_MS = 250;
 const TASK_FILTER = { label: [`${LABEL_IS_TASK}=true`] };
 
 /** Counts Engine API calls by operation, so the reconciler's cost is visible. */
@@ -55,6 +57,8 @@ export class DockerodeClient implements DockerClient {
   constructor(
     options: { socketPath?: string; host?: string; port?: number; protocol?: "http" | "https" } = {},
     private readonly count: DockerCallCounter = () => undefined,
+    /** The confirmed removal's deadline (the seed's 30 s; shorter only in tests). */
+    private readonly removalTimeoutMs = REMOVAL_TIMEOUT_MS,
   ) {
     this.docker = new Docker(options);
   }
@@ -177,38 +181,55 @@ export class DockerodeClient implements DockerClient {
     }
   }
 
+  /** The seed's confirmed removal over the Engine API, within one 30 s deadline ({@link confirmRemoval}). */
   async removeContainer(id: string, signal?: AbortSignal): Promise<RemovalConfirmed> {
-    const started = Date.now();
-    const left = (): number => Math.max(0, DOCKER_DEADLINES.remove - (Date.now() - started));
-    try {
-      await this.call("remove", left(), signal, (abortSignal) =>
-        this.docker.getContainer(id).remove({ force: true, v: true, abortSignal }),
-      );
-      return "removed";
-    } catch (error) {
-      if (error instanceof DockerNotFoundError) return "already-absent";
-      if (!(error instanceof DockerConflictError) || !/already in progress/i.test(error.message)) {
-        throw new RemovalUnconfirmedError(
-          id,
-          { kind: "engine", detail: (error as Error).message },
-          { cause: error },
-        );
-      }
-    }
-    // "removal already in progress": poll until it is gone, within the same deadline.
-    while (left() > 0) {
-      try {
-        if ((await this.inspectContainer(id, signal)) === undefined) return "removed";
-      } catch {
-        // A failed inspect proves nothing; keep polling until the deadline.
-      }
-      await sleep(Math.min(REMOVAL_POLL_MS, left()));
-    }
-    throw new RemovalUnconfirmedError(id, {
-      kind: "deadline",
-      elapsedMs: Date.now() - started,
-      cleanup: null,
-    });
+    return confirmRemoval(this.removalChannel(signal), id, OperationBound.within(this.removalTimeoutMs));
+  }
+
+  /** The Engine API as a removal channel; each call is capped by what is left of the bound. */
+  private removalChannel(signal: AbortSignal | undefined): RemovalChannel {
+    return {
+      remove: async (id, bound): Promise<RemoveAnswer> => {
+        const left = bound.remainingMs() ?? this.removalTimeoutMs;
+        if (left === 0)
+          return {
+            kind: "failed",
+            reason: { kind: "deadline", elapsedMs: bound.elapsedMs(), cleanup: null },
+          };
+        try {
+          await this.call("remove", left, signal, (abortSignal) =>
+            this.docker.getContainer(id).remove({ force: true, v: true, abortSignal }),
+          );
+          return { kind: "removed" };
+        } catch (error) {
+          if (error instanceof DockerNotFoundError) return { kind: "absent" };
+          if (error instanceof DockerConflictError && /already in progress/i.test(error.message)) {
+            return { kind: "in-progress" };
+          }
+          if (signal?.aborted)
+            return { kind: "failed", reason: { kind: "wait", detail: "container cleanup was interrupted" } };
+          if (bound.expired()) {
+            return {
+              kind: "failed",
+              reason: { kind: "deadline", elapsedMs: bound.elapsedMs(), cleanup: null },
+            };
+          }
+          return { kind: "failed", reason: { kind: "engine", detail: (error as Error).message } };
+        }
+      },
+      inspect: async (id, bound): Promise<InspectAnswer> => {
+        const left = Math.min(bound.remainingMs() ?? DOCKER_DEADLINES.inspect, DOCKER_DEADLINES.inspect);
+        try {
+          await this.call("inspect", left, signal, (abortSignal) =>
+            this.docker.getContainer(id).inspect({ abortSignal }),
+          );
+        } catch (error) {
+          if (error instanceof DockerNotFoundError) return { kind: "absent" };
+        }
+        // Still there, or an answer that proves nothing: the deadline decides.
+        return { kind: "unknown", cleanup: null };
+      },
+    };
   }
 
   async containerLogTail(id: string, lines: number, signal?: AbortSignal): Promise<string[]> {

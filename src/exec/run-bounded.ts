@@ -1,10 +1,11 @@
-import { spawn, type ChildProcess } from "node:child_process";
+import { spawn, type ChildProcess, type SpawnOptions, type StdioOptions } from "node:child_process";
+import { finished, type Readable, type Writable } from "node:stream";
 import type { CleanupEvidence, CleanupTrigger } from "./cleanup-evidence.js";
 import { OperationBound } from "./operation-bound.js";
 
-/** Grace for the killed process group to be reaped. */
+/** Grace for the killed process group's leader to be reaped. */
 export const COMMAND_REAP_GRACE_MS = 5_000;
-/** Grace for stdout/stderr to reach EOF once the child is gone. */
+/** Grace for stdin, stdout and stderr to finish once the process group is killed. */
 export const COMMAND_IO_DRAIN_GRACE_MS = 5_000;
 /** Output kept per stream; the rest is drained and dropped so a chatty child cannot exhaust memory. */
 export const COMMAND_OUTPUT_CAP_BYTES = 8 * 1024 * 1024;
@@ -15,7 +16,10 @@ export interface CommandRequest {
   readonly cwd?: string;
   /** Written to the child's stdin without blocking the wait; stdin is closed afterwards. */
   readonly stdin?: string | Buffer;
-  /** The deadline of the whole operation; defaults to unbounded. */
+  /**
+   * The deadline of the whole operation; defaults to unbounded. It covers everything: the wait
+   * for the child, and the wait for its pipes to end (a grandchild may hold them open).
+   */
   readonly bound?: OperationBound;
   /** A cap for this one attempt, never past the operation's deadline. */
   readonly attemptCapMs?: number;
@@ -23,7 +27,10 @@ export interface CommandRequest {
   readonly interruptible?: boolean;
 }
 
-/** The result of killing a process group. */
+/**
+ * The result of a kill-and-reap. `ok` means all of it: the group was signalled, its leader reaped
+ * within the reap grace, and every pipe finished within the drain grace.
+ */
 export type KillResult = { readonly ok: true } | { readonly ok: false; readonly error: string };
 
 /** A bounded invocation that reached an observable end. */
@@ -39,6 +46,7 @@ export type BoundedOutcome =
   | {
       readonly kind: "expired";
       readonly kill: KillResult;
+      /** The operation's elapsed time when the bound fired, before the cleanup. */
       readonly operationElapsedMs: number;
       /** null when the bound had already expired and nothing was spawned. */
       readonly cleanup: CleanupEvidence | null;
@@ -46,6 +54,7 @@ export type BoundedOutcome =
   | {
       readonly kind: "interrupted";
       readonly kill: KillResult;
+      /** The operation's elapsed time when the interruption was seen, before the cleanup. */
       readonly operationElapsedMs: number;
       readonly cleanup: CleanupEvidence;
     };
@@ -54,15 +63,15 @@ export type BoundedOutcome =
 export class CommandLaunchError extends Error {
   override readonly name = "CommandLaunchError";
 }
-/** Writing the stdin payload failed for a reason other than the child closing its stdin. */
+/** Writing the stdin payload failed (EPIPE included: the child did not read all of it). */
 export class CommandStdinError extends Error {
   override readonly name = "CommandStdinError";
 }
-/** Waiting for the child failed and no cleanup was needed. */
+/** The child exited, but reading its output failed, so the captured output is not whole. */
 export class CommandWaitError extends Error {
   override readonly name = "CommandWaitError";
 }
-/** Waiting failed; the process group was killed, and this is what the cleanup saw. */
+/** Waiting for the child failed; the process group was killed, and this is what the cleanup saw. */
 export class CommandWaitCleanupError extends Error {
   override readonly name = "CommandWaitCleanupError";
   constructor(
@@ -78,6 +87,23 @@ export class CommandWaitCleanupError extends Error {
 /** The port every external command goes through. */
 export interface CommandRunner {
   run(request: CommandRequest): Promise<BoundedOutcome>;
+}
+
+/** How a runner starts a child: `child_process.spawn`, or a test's wrapper around it. */
+export type SpawnFn = (
+  program: string,
+  args: readonly string[],
+  options: SpawnOptions & { readonly stdio: StdioOptions },
+) => ChildProcess;
+
+/** Tuning of a {@link BoundedCommandRunner}; the defaults are the seed's graces. */
+export interface BoundedRunnerOptions {
+  /** Grace for the killed group's leader to be reaped (default {@link COMMAND_REAP_GRACE_MS}). */
+  readonly reapMs?: number;
+  /** Grace for the pipes to finish once the group is killed (default {@link COMMAND_IO_DRAIN_GRACE_MS}). */
+  readonly drainMs?: number;
+  /** Starts the child (default `child_process.spawn`). */
+  readonly spawn?: SpawnFn;
 }
 
 /** A bounded output collector: keeps the first `cap` bytes, drains the rest. */
@@ -97,19 +123,6 @@ class Collector {
   }
 }
 
-function killGroup(child: ChildProcess): KillResult {
-  if (child.pid === undefined) return { ok: false, error: "no pid" };
-  try {
-    // A negative pid addresses the whole process group the child leads (spawned detached).
-    process.kill(-child.pid, "SIGKILL");
-    return { ok: true };
-  } catch (error) {
-    const code = (error as NodeJS.ErrnoException).code;
-    // ESRCH: the group is already gone, which is what we wanted.
-    return code === "ESRCH" ? { ok: true } : { ok: false, error: String(error) };
-  }
-}
-
 function after(ms: number): { promise: Promise<"timeout">; cancel: () => void } {
   let timer: NodeJS.Timeout | undefined;
   const promise = new Promise<"timeout">((resolve) => {
@@ -118,20 +131,119 @@ function after(ms: number): { promise: Promise<"timeout">; cancel: () => void } 
   return { promise, cancel: () => clearTimeout(timer) };
 }
 
+type PipeName = "stdin" | "stdout" | "stderr";
+
+/** One pipe of the child: settled when it ended, with its error if it failed. */
+interface PipeEnd {
+  readonly name: PipeName;
+  readonly ended: Promise<void>;
+  error: Error | null;
+}
+
+/** Everything observed about one child: its exit, a failure to wait for it, and each pipe's end. */
+class ChildWatch {
+  readonly exited: Promise<{ code: number | null; signal: NodeJS.Signals | null }>;
+  /** An `error` event after a successful spawn: Node could not wait for or signal the child. */
+  readonly waitFailed: Promise<Error>;
+  reaped = false;
+  readonly stdout = new Collector(COMMAND_OUTPUT_CAP_BYTES);
+  readonly stderr = new Collector(COMMAND_OUTPUT_CAP_BYTES);
+  private readonly pipes: PipeEnd[] = [];
+
+  constructor(
+    readonly child: ChildProcess,
+    stdin: string | Buffer | undefined,
+  ) {
+    this.exited = new Promise((resolve) =>
+      child.once("exit", (code, signal) => {
+        this.reaped = true;
+        resolve({ code, signal });
+      }),
+    );
+    this.waitFailed = new Promise((resolve) => child.on("error", resolve));
+    if (stdin !== undefined && child.stdin) {
+      const pipe = this.watch("stdin", child.stdin, { readable: false });
+      // Never awaited on its own: the write settles by itself, an EPIPE included.
+      pipe.end(stdin);
+    }
+    if (child.stdout) this.watchOutput("stdout", child.stdout, this.stdout);
+    if (child.stderr) this.watchOutput("stderr", child.stderr, this.stderr);
+  }
+
+  private watch<S extends Readable | Writable>(
+    name: PipeName,
+    stream: S,
+    options: { readonly readable?: false; readonly writable?: false },
+  ): S {
+    const end: { -readonly [K in keyof PipeEnd]: PipeEnd[K] } = {
+      name,
+      ended: Promise.resolve(),
+      error: null,
+    };
+    end.ended = new Promise((resolve) =>
+      finished(stream, options, (error) => {
+        end.error = error ?? null;
+        resolve();
+      }),
+    );
+    this.pipes.push(end);
+    return stream;
+  }
+
+  private watchOutput(name: PipeName, stream: Readable, into: Collector): void {
+    this.watch(name, stream, { writable: false }).on("data", (chunk: Buffer) => into.push(chunk));
+  }
+
+  /** Settles once every pipe has ended: EOF or error on the outputs, the write done on stdin. */
+  ioFinished(): Promise<"io-finished"> {
+    return Promise.all(this.pipes.map((p) => p.ended)).then(() => "io-finished" as const);
+  }
+
+  /** The error a pipe ended with, once it ended. */
+  errorOf(name: PipeName): Error | null {
+    return this.pipes.find((p) => p.name === name)?.error ?? null;
+  }
+
+  /** Stops reading and writing, once a cleanup gave up waiting for the pipes. */
+  abandonPipes(): void {
+    this.child.stdin?.destroy();
+    this.child.stdout?.destroy();
+    this.child.stderr?.destroy();
+  }
+}
+
+/** What ended a wait: the awaited event, the bound, or an interruption. */
+type Ending<T> =
+  | { readonly type: "done"; readonly value: T }
+  | { readonly type: "deadline" }
+  | { readonly type: "interruption" }
+  | { readonly type: "wait-failure"; readonly error: Error };
+
 /**
- * Runs external commands in their own process group, drains both pipes from the start
- * (a child that fills a pipe would otherwise block forever), and kills and reaps the whole
- * group on a deadline or an operator interruption, leaving typed evidence.
+ * Runs external commands in their own process group and drains both pipes from the start (a child
+ * that fills a pipe would otherwise block forever). One bound covers the whole operation: the wait
+ * for the child and the wait for its pipes to end, which a grandchild in the group may hold open
+ * after the child exited. When the bound fires or the operator interrupts, the whole group is
+ * SIGKILLed, its leader reaped and its pipes drained, each within a grace, and the outcome carries
+ * typed evidence of what the cleanup saw.
  *
  * Hand-written because neither `child_process.execFile` nor execa kills a process group,
  * verifies the reap, or reports what the cleanup saw.
  */
 export class BoundedCommandRunner implements CommandRunner {
+  private readonly reapMs: number;
+  private readonly drainMs: number;
+  private readonly spawn: SpawnFn;
+
   constructor(
     /** Aborted when the operator interrupts the shim (SIGINT/SIGTERM). */
     private readonly interruption?: AbortSignal,
-    private readonly graces = { reapMs: COMMAND_REAP_GRACE_MS, drainMs: COMMAND_IO_DRAIN_GRACE_MS },
-  ) {}
+    options: BoundedRunnerOptions = {},
+  ) {
+    this.reapMs = options.reapMs ?? COMMAND_REAP_GRACE_MS;
+    this.drainMs = options.drainMs ?? COMMAND_IO_DRAIN_GRACE_MS;
+    this.spawn = options.spawn ?? ((program, args, opts) => spawn(program, args, opts));
+  }
 
   async run(request: CommandRequest): Promise<BoundedOutcome> {
     const bound = request.bound ?? OperationBound.unbounded();
@@ -143,153 +255,184 @@ export class BoundedCommandRunner implements CommandRunner {
     if (program === undefined || program === "") {
       throw new CommandLaunchError("external command argv is empty");
     }
-    const interruption = request.interruptible === false ? undefined : this.interruption;
+    const child = await this.launch(program, args, request);
+    const watch = new ChildWatch(child, request.stdin);
 
-    const child = spawn(program, args, {
-      cwd: request.cwd,
-      detached: true,
-      stdio: [request.stdin === undefined ? "ignore" : "pipe", "pipe", "pipe"],
-    });
-    const stdout = new Collector(COMMAND_OUTPUT_CAP_BYTES);
-    const stderr = new Collector(COMMAND_OUTPUT_CAP_BYTES);
-    child.stdout?.on("data", (chunk: Buffer) => stdout.push(chunk));
-    child.stderr?.on("data", (chunk: Buffer) => stderr.push(chunk));
-
-    let stdinError: Error | undefined;
-    if (request.stdin !== undefined && child.stdin) {
-      child.stdin.on("error", (error: NodeJS.ErrnoException) => {
-        // EPIPE only means the child did not read everything before closing stdin.
-        if (error.code !== "EPIPE") stdinError = error;
-      });
-      child.stdin.end(request.stdin);
-    }
-
-    const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) =>
-      child.once("exit", (code, signal) => resolve({ code, signal })),
-    );
-    const drained = new Promise<void>((resolve) => child.once("close", () => resolve()));
-    const launchFailed = new Promise<Error>((resolve) => child.once("error", resolve));
-
-    type Ending =
-      | { readonly type: "exit"; readonly code: number | null; readonly signal: NodeJS.Signals | null }
-      | { readonly type: "launch-error"; readonly error: Error }
-      | { readonly type: "deadline" }
-      | { readonly type: "interruption" };
-
+    // One timer for the whole attempt: it keeps running while the pipes drain after the exit.
     const deadline = remaining === undefined ? undefined : after(remaining);
+    const interruption = request.interruptible === false ? undefined : this.interruption;
     let onInterrupt: (() => void) | undefined;
-    const interrupted = new Promise<Ending>((resolve) => {
+    const interrupted = new Promise<"interruption">((resolve) => {
       if (!interruption) return;
-      onInterrupt = () => resolve({ type: "interruption" });
+      onInterrupt = () => resolve("interruption");
       // A pending interruption ends the command at once, with the same kill-and-reap evidence.
       if (interruption.aborted) onInterrupt();
       else interruption.addEventListener("abort", onInterrupt, { once: true });
     });
-    const ending: Ending = await Promise.race<Ending>([
-      exited.then((status) => ({ type: "exit", ...status })),
-      launchFailed.then((error) => ({ type: "launch-error", error })),
-      ...(deadline ? [deadline.promise.then((): Ending => ({ type: "deadline" }))] : []),
-      interrupted,
-    ]);
-    deadline?.cancel();
-    if (onInterrupt) interruption?.removeEventListener("abort", onInterrupt);
+    const until = async <T>(awaited: Promise<T>, failure?: Promise<Error>): Promise<Ending<T>> =>
+      Promise.race<Ending<T>>([
+        awaited.then((value) => ({ type: "done", value })),
+        interrupted.then(() => ({ type: "interruption" })),
+        ...(deadline ? [deadline.promise.then((): Ending<T> => ({ type: "deadline" }))] : []),
+        ...(failure ? [failure.then((error): Ending<T> => ({ type: "wait-failure", error }))] : []),
+      ]);
 
-    switch (ending.type) {
-      case "launch-error":
-        if (child.pid === undefined) {
-          throw new CommandLaunchError(`cannot start ${program}: ${ending.error.message}`, {
-            cause: ending.error,
+    try {
+      const exit = await until(watch.exited, watch.waitFailed);
+      if (exit.type !== "done") return await this.endEarly(exit, watch, bound, program);
+      // The child is gone; its pipes may still be held by a grandchild in its group.
+      const io = await until(watch.ioFinished());
+      if (io.type !== "done") return await this.endEarly(io, watch, bound, program);
+
+      const stdinError = watch.errorOf("stdin");
+      if (stdinError) {
+        throw new CommandStdinError(`writing stdin of ${program} failed: ${stdinError.message}`, {
+          cause: stdinError,
+        });
+      }
+      for (const name of ["stdout", "stderr"] as const) {
+        const error = watch.errorOf(name);
+        if (error) {
+          throw new CommandWaitError(`reading ${name} of ${program} failed: ${error.message}`, {
+            cause: error,
           });
         }
-        return this.failWait(child, bound, ending.error, exited, drained);
-      case "exit": {
-        // The child is gone; its pipes may still be held by a grandchild in its group.
-        const drain = after(this.graces.drainMs);
-        const result = await Promise.race([drained.then(() => "drained" as const), drain.promise]);
-        drain.cancel();
-        if (result === "timeout") {
-          killGroup(child);
-          child.stdout?.destroy();
-          child.stderr?.destroy();
-        }
-        if (stdinError) {
-          throw new CommandStdinError(`writing stdin of ${program} failed: ${stdinError.message}`, {
-            cause: stdinError,
-          });
-        }
-        return {
-          kind: "exited",
-          code: ending.code,
-          signal: ending.signal,
-          stdout: stdout.take(),
-          stderr: stderr.take(),
-        };
       }
-      case "deadline":
-      case "interruption": {
-        const trigger: CleanupTrigger = ending.type === "deadline" ? "deadline" : "interruption";
-        const { kill, cleanup } = await this.killAndReap(child, trigger, exited, drained);
-        return ending.type === "deadline"
-          ? { kind: "expired", kill, operationElapsedMs: bound.elapsedMs(), cleanup }
-          : { kind: "interrupted", kill, operationElapsedMs: bound.elapsedMs(), cleanup };
-      }
+      return {
+        kind: "exited",
+        code: exit.value.code,
+        signal: exit.value.signal,
+        stdout: watch.stdout.take(),
+        stderr: watch.stderr.take(),
+      };
+    } finally {
+      deadline?.cancel();
+      if (onInterrupt) interruption?.removeEventListener("abort", onInterrupt);
     }
   }
 
-  private async failWait(
-    child: ChildProcess,
-    bound: OperationBound,
-    error: Error,
-    exited: Promise<unknown>,
-    drained: Promise<void>,
-  ): Promise<never> {
-    const { cleanup } = await this.killAndReap(child, "wait_failure", exited, drained);
-    throw new CommandWaitCleanupError(
-      `waiting for command failed: ${error.message}`,
-      bound.elapsedMs(),
-      cleanup,
-      {
-        cause: error,
-      },
-    );
+  /** Spawns the child in its own process group, or throws `CommandLaunchError`. */
+  private async launch(
+    program: string,
+    args: readonly string[],
+    request: CommandRequest,
+  ): Promise<ChildProcess> {
+    let child: ChildProcess;
+    try {
+      child = this.spawn(program, args, {
+        cwd: request.cwd,
+        detached: true,
+        stdio: [request.stdin === undefined ? "ignore" : "pipe", "pipe", "pipe"],
+      });
+    } catch (error) {
+      throw new CommandLaunchError(`cannot start ${program}: ${(error as Error).message}`, { cause: error });
+    }
+    if (child.pid === undefined) {
+      // Node knows a failed spawn at once (no pid) and emits the reason on the next tick.
+      const reason = await new Promise<Error>((resolve) => child.once("error", resolve));
+      throw new CommandLaunchError(`cannot start ${program}: ${reason.message}`, { cause: reason });
+    }
+    return child;
   }
 
-  private async killAndReap(
-    child: ChildProcess,
+  /** Ends a wait that the bound, an interruption or a wait failure cut short: kill, reap, drain. */
+  private async endEarly(
+    ending: Exclude<Ending<unknown>, { type: "done" }>,
+    watch: ChildWatch,
+    bound: OperationBound,
+    program: string,
+  ): Promise<BoundedOutcome> {
+    // Taken when the bound fires, before the cleanup spends its graces.
+    const operationElapsedMs = bound.elapsedMs();
+    const trigger: CleanupTrigger =
+      ending.type === "deadline"
+        ? "deadline"
+        : ending.type === "interruption"
+          ? "interruption"
+          : "wait_failure";
+    const { kill, cleanup } = await this.terminateGroupAndFinishIo(watch, trigger);
+    switch (ending.type) {
+      case "deadline":
+        return { kind: "expired", kill, operationElapsedMs, cleanup };
+      case "interruption":
+        return { kind: "interrupted", kill, operationElapsedMs, cleanup };
+      case "wait-failure":
+        throw new CommandWaitCleanupError(
+          `waiting for ${program} failed: ${ending.error.message}`,
+          operationElapsedMs,
+          cleanup,
+          { cause: ending.error },
+        );
+    }
+  }
+
+  /**
+   * SIGKILLs the group, waits for its leader to be reaped, then for every pipe to finish. The
+   * kill is `ok` only when all three happened; a stdin write that failed because the group died
+   * still counts as finished (its result belongs to the operation, not to the cleanup).
+   */
+  private async terminateGroupAndFinishIo(
+    watch: ChildWatch,
     trigger: CleanupTrigger,
-    exited: Promise<unknown>,
-    drained: Promise<void>,
   ): Promise<{ kill: KillResult; cleanup: CleanupEvidence }> {
     const started = Date.now();
-    const kill = killGroup(child);
-    const reap = after(this.graces.reapMs);
-    const reaped = (await Promise.race([exited.then(() => "reaped" as const), reap.promise])) === "reaped";
-    reap.cancel();
-    const drain = after(this.graces.drainMs);
-    const pipesClosed =
-      (await Promise.race([drained.then(() => "drained" as const), drain.promise])) === "drained";
-    drain.cancel();
-    if (!pipesClosed) {
-      child.stdout?.destroy();
-      child.stderr?.destroy();
-    }
-    const problems = [
-      kill.ok ? undefined : `kill failed: ${kill.error}`,
-      reaped ? undefined : `not reaped within ${this.graces.reapMs} ms`,
-      pipesClosed ? undefined : `pipes not drained within ${this.graces.drainMs} ms`,
-    ].filter((p): p is string => p !== undefined);
+    const error = await this.terminate(watch);
+    const kill: KillResult = error === null ? { ok: true } : { ok: false, error };
     return {
       kill,
       cleanup: {
         trigger,
         elapsed_ms: Date.now() - started,
-        reap_grace_ms: this.graces.reapMs,
-        io_drain_grace_ms: this.graces.drainMs,
+        reap_grace_ms: this.reapMs,
+        io_drain_grace_ms: this.drainMs,
         kill_attempted: true,
-        verified: reaped && pipesClosed,
-        error: problems.length > 0 ? problems.join("; ") : null,
+        verified: kill.ok,
+        error,
       },
     };
+  }
+
+  /** The cleanup's steps; null when all of them succeeded, else what failed. */
+  private async terminate(watch: ChildWatch): Promise<string | null> {
+    const signalled = signalGroup(watch);
+    if (signalled !== null) {
+      watch.abandonPipes();
+      return signalled;
+    }
+    const reap = after(this.reapMs);
+    const reaped = await Promise.race([watch.exited.then(() => "reaped" as const), reap.promise]);
+    reap.cancel();
+    if (reaped !== "reaped") {
+      watch.abandonPipes();
+      return `command child did not reap within ${this.reapMs} ms`;
+    }
+    const drain = after(this.drainMs);
+    const drained = await Promise.race([watch.ioFinished(), drain.promise]);
+    drain.cancel();
+    if (drained !== "io-finished") {
+      watch.abandonPipes();
+      return `command I/O did not drain within ${this.drainMs} ms after termination`;
+    }
+    return null;
+  }
+}
+
+/**
+ * SIGKILLs the child's process group; if that fails while the child still runs, the child alone.
+ * Returns null once a signal was delivered (or nothing was left to signal), else the error.
+ */
+function signalGroup(watch: ChildWatch): string | null {
+  const pid = watch.child.pid;
+  if (pid === undefined) return "child process has no pid";
+  try {
+    // A negative pid addresses the whole process group the child leads (spawned detached).
+    process.kill(-pid, "SIGKILL");
+    return null;
+  } catch (groupError) {
+    // ESRCH with the leader reaped: the group is gone, which is what we wanted.
+    if (watch.reaped) return null;
+    if (watch.child.kill("SIGKILL")) return null;
+    return `cannot signal process group ${pid} (${String(groupError)}) nor the child`;
   }
 }
 
