@@ -12,7 +12,8 @@ import { freePort, SHIM_BUNDLE, tempHome, type TaskInfo } from "./support/shim-p
 import { startSlowProxy, type SlowProxy } from "./support/slow-proxy.js";
 
 /*
- * Issue 5 end to end: shim A runs under `taskshim supervise`; tasks pull (from a deliberately
+ * Issue 5 end to end, on the single binaries built from the pinned Node.js (issue 15): shim A
+ * runs under `taskshim supervise`; tasks pull (from a deliberately
  * slow registry), run, and exit; `taskshim upgrade` rolls out B (another version, writing a
  * newer state format), then rolls back to A. Every task survives both, exits during the
  * windows are finalized with their real codes, and B's state files are left alone by A.
@@ -28,7 +29,7 @@ let work: string;
 let supervisor: ChildProcess | undefined;
 let supervisorLog = "";
 let url = "";
-const bundles: Record<"A" | "B", { path: string; sha256: string; version: string }> = {
+const binaries: Record<"A" | "B", { path: string; sha256: string; version: string }> = {
   A: { path: "", sha256: "", version: "1.0.0" },
   B: { path: "", sha256: "", version: "1.1.0" },
 };
@@ -78,7 +79,7 @@ async function rollOut(
   target: "A" | "B",
   onDown: () => Promise<void>,
 ): Promise<{ windowMs: number; table: string }> {
-  const bundle = bundles[target];
+  const binary = binaries[target];
   const cli = exec(
     process.execPath,
     [
@@ -87,9 +88,9 @@ async function rollOut(
       "--shim",
       url,
       "--url",
-      `file://${bundle.path}`,
+      `file://${binary.path}`,
       "--sha256",
-      bundle.sha256,
+      binary.sha256,
       "--json",
     ],
     { timeout: 120_000 },
@@ -123,22 +124,23 @@ async function rollOut(
   return { windowMs: result?.windowMs ?? -1, table: stdout };
 }
 
-async function buildBundle(name: "A" | "B", stateVersion?: number): Promise<void> {
-  const path = join(work, `taskshim-${name}.cjs`);
+/** Builds the single binary `taskshim-A|B` from the pinned Node.js (scripts/build-binary.mjs). */
+async function buildBinary(name: "A" | "B", stateVersion?: number): Promise<void> {
+  const path = join(work, `taskshim-${name}`);
   await exec(
     process.execPath,
     [
-      join(ROOT, "scripts/build.mjs"),
+      join(ROOT, "scripts/build-binary.mjs"),
       "--outfile",
       path,
       "--version",
-      bundles[name].version,
+      binaries[name].version,
       ...(stateVersion ? ["--state-version", String(stateVersion)] : []),
     ],
     { cwd: ROOT },
   );
-  bundles[name].path = path;
-  bundles[name].sha256 = createHash("sha256")
+  binaries[name].path = path;
+  binaries[name].sha256 = createHash("sha256")
     .update(await readFile(path))
     .digest("hex");
 }
@@ -146,21 +148,24 @@ async function buildBundle(name: "A" | "B", stateVersion?: number): Promise<void
 beforeAll(async () => {
   images = await ensureTestImages();
   work = await tempHome("taskshim-upgrade-");
-  await buildBundle("A");
-  await buildBundle("B", 2);
+  await buildBinary("A");
+  await buildBinary("B", 2);
+  // The binaries embed the Node.js these tests run on (the pinned one), flags included.
+  const { stdout } = await exec(binaries.A.path, ["--version"]);
+  expect(stdout.trim()).toBe("taskshim version 1.0.0");
   registry = await startRegistry({ username: "upgrader", password: "pw-upgrade" });
   proxy = await startSlowProxy(registry.host, 256 * 1024);
 
   const bin = join(work, "bin");
   await mkdir(bin);
   const installed = join(bin, "taskshim");
-  await copyFile(bundles.A.path, installed);
+  await copyFile(binaries.A.path, installed);
   const port = await freePort();
   url = `http://127.0.0.1:${port}`;
+  // No node anywhere: the supervisor is binary A itself, and it runs the installed binary.
   supervisor = spawn(
-    process.execPath,
+    binaries.A.path,
     [
-      SHIM_BUNDLE,
       "supervise",
       "--binary",
       installed,
