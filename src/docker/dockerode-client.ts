@@ -2,7 +2,7 @@ import { createInterface } from "node:readline";
 import type { Readable } from "node:stream";
 import { setTimeout as sleep } from "node:timers/promises";
 import Docker from "dockerode";
-import { withDeadline } from "../exec/linked-signal.js";
+import { withDeadline } from "../exec/deadline-signal.js";
 import type { PortMapping } from "../tasks/task.js";
 import {
   LABEL_IS_TASK,
