@@ -153,6 +153,17 @@ beforeAll(async () => {
   // The binaries embed the Node.js these tests run on (the pinned one), flags included.
   const { stdout } = await exec(binaries.A.path, ["--version"]);
   expect(stdout.trim()).toBe("taskshim version 1.0.0");
+  const runtime = JSON.parse((await exec(binaries.B.path, ["version", "--json"])).stdout) as Record<
+    string,
+    string
+  >;
+  expect(runtime).toEqual({
+    version: "1.1.0",
+    node: process.versions.node,
+    v8: process.versions.v8,
+    platform: process.platform,
+    arch: process.arch,
+  });
   registry = await startRegistry({ username: "upgrader", password: "pw-upgrade" });
   proxy = await startSlowProxy(registry.host, 256 * 1024);
 

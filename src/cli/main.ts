@@ -5,6 +5,7 @@ import { ConfigError, resolveShimConfig, SERVE_SETTINGS, type ServeFlags } from 
 import { VERSION } from "../version.js";
 import { addClientCommands } from "./client-commands.js";
 import { supervise } from "./supervise.js";
+import { addVersionCommand } from "./version-command.js";
 
 /** The path of this shim's own executable: the SEA binary, or the bundle run by node. */
 function ownBinaryPath(): string {
@@ -37,6 +38,7 @@ export function buildCli(): Command {
     serveCommand.option(setting.flag, `${setting.help}${setting.help ? " " : ""}[env ${setting.env}]`);
   }
   serveCommand.action(async (options) => serve(options));
+  addVersionCommand(program);
 
   program
     .command("supervise")
