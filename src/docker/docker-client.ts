@@ -48,6 +48,8 @@ export interface ContainerEvent {
   readonly action: string;
   readonly containerId: string;
   readonly taskId: string;
+  /** A `die` event's `exitCode` attribute: the workload's exit code, as inspect would report it. */
+  readonly exitCode?: number;
 }
 
 /** Create options in the Engine API's own shape (POST /containers/create). */

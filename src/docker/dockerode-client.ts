@@ -276,7 +276,8 @@ export class DockerodeClient implements DockerClient {
   }
 }
 
-function parseEvent(line: string): ContainerEvent | undefined {
+/** One line of the engine's event stream → a task container's event; anything else → undefined. */
+export function parseEvent(line: string): ContainerEvent | undefined {
   try {
     const raw = JSON.parse(line) as {
       Action?: string;
@@ -284,7 +285,11 @@ function parseEvent(line: string): ContainerEvent | undefined {
     };
     const taskId = raw.Actor?.Attributes?.[LABEL_TASK_ID];
     if (!raw.Action || !raw.Actor?.ID || !taskId) return undefined;
-    return { action: raw.Action, containerId: raw.Actor.ID, taskId };
+    const event = { action: raw.Action, containerId: raw.Actor.ID, taskId };
+    const exitCode = raw.Actor.Attributes?.exitCode;
+    return exitCode !== undefined && /^\d{1,3}$/.test(exitCode)
+      ? { ...event, exitCode: Number(exitCode) }
+      : event;
   } catch {
     return undefined;
   }

@@ -232,7 +232,12 @@ export class FakeDockerClient implements DockerClient {
     container.oomKilled = options.oomKilled ?? false;
     container.finishedAt = new Date().toISOString();
     container.logs.push(...(options.logs ?? []));
-    this.emit({ action: "die", containerId: container.id, taskId: container.labels[LABEL_TASK_ID] ?? "" });
+    this.emit({
+      action: "die",
+      containerId: container.id,
+      taskId: container.labels[LABEL_TASK_ID] ?? "",
+      exitCode: code,
+    });
   }
 
   /** The container vanishes (an operator's `docker rm -f`), without a recorded call. */
@@ -359,7 +364,7 @@ export class FakeDockerClient implements DockerClient {
       c.state = "exited";
       c.exitCode = timeoutSeconds === 0 ? 137 : 143;
       c.finishedAt = new Date().toISOString();
-      this.emit({ action: "die", containerId: c.id, taskId: this.taskIdOf(c) });
+      this.emit({ action: "die", containerId: c.id, taskId: this.taskIdOf(c), exitCode: c.exitCode });
     });
   }
 
