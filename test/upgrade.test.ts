@@ -74,11 +74,18 @@ async function waitTask(
   throw new Error(`task ${id}: ${JSON.stringify(last)}\n${supervisorLog.slice(-4000)}`);
 }
 
-/** Runs `taskshim upgrade` to `target` while touching `onDown()` as soon as the shim stops answering. */
+/** How many times the supervisor has seen its shim exit (each upgrade handoff is one). */
+const shimExits = (): number => supervisorLog.split('"msg":"shim exited; restarting"').length - 1;
+
+/**
+ * Runs `taskshim upgrade` to `target` while touching `onDown()` as soon as the old shim has
+ * exited, and a steady client (a healthcheck every 20 ms) counts refused requests: the
+ * supervisor holds the API socket, so there must be none.
+ */
 async function rollOut(
   target: "A" | "B",
   onDown: () => Promise<void>,
-): Promise<{ windowMs: number; table: string }> {
+): Promise<{ windowMs: number; table: string; refused: number; answered: number }> {
   const binary = binaries[target];
   const cli = exec(
     process.execPath,
@@ -96,23 +103,26 @@ async function rollOut(
     { timeout: 120_000 },
   );
   let fired = false;
-  const watcher = (async () => {
+  let refused = 0;
+  let answered = 0;
+  const exitsBefore = shimExits();
+  const client = (async () => {
     while (!fired) {
-      const up = await get("/api/healthcheck").then(
-        () => true,
-        () => false,
+      await get("/api/healthcheck").then(
+        () => answered++,
+        () => refused++,
       );
-      if (!up) {
-        fired = true;
-        await onDown();
-        return;
-      }
-      await sleep(10);
+      await sleep(20);
     }
   })();
+  const watcher = (async () => {
+    while (!fired && shimExits() === exitsBefore) await sleep(5);
+    if (!fired) await onDown();
+  })();
   const { stdout } = await cli;
-  fired = true;
   await watcher;
+  fired = true;
+  await client;
   const [result] = JSON.parse(stdout) as {
     outcome: string;
     windowMs: number;
@@ -121,7 +131,7 @@ async function rollOut(
   }[];
   expect(result?.outcome).toBe("upgraded");
   expect(result?.tasksKept).toBe(result?.tasksBefore);
-  return { windowMs: result?.windowMs ?? -1, table: stdout };
+  return { windowMs: result?.windowMs ?? -1, table: stdout, refused, answered };
 }
 
 /** Builds the single binary `taskshim-A|B` from the pinned Node.js (scripts/build-binary.mjs). */
@@ -302,8 +312,10 @@ describe("upgrade at any moment", () => {
     expect((await testDocker().getContainer(long.container_id).inspect()).State.StartedAt).toBe(startedAt);
     expect((await get<TaskInfo>(`/api/tasks/${finished.id}`)).json.termination_reason).toBe("done_by_runner");
     console.log(
-      `upgrade: window A→B ${forward.windowMs} ms, B→A ${backward.windowMs} ms; tasks survived ${survived}/${ids.length} (running before: 4)`,
+      `upgrade: window A→B ${forward.windowMs} ms, B→A ${backward.windowMs} ms; tasks survived ${survived}/${ids.length} (running before: 4); ` +
+        `steady client: ${forward.refused + backward.refused} refused of ${forward.refused + backward.refused + forward.answered + backward.answered}`,
     );
+    expect(forward.refused + backward.refused).toBe(0);
     expect(survived).toBe(ids.length);
 
     for (const id of [longRunner.id, pulling.id]) {

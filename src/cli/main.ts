@@ -4,6 +4,7 @@ import { formatUpgradeTable, upgradeFleet } from "../control/upgrade.js";
 import { ConfigError, resolveShimConfig, SERVE_SETTINGS, type ServeFlags } from "../config/shim-config.js";
 import { VERSION } from "../version.js";
 import { addClientCommands } from "./client-commands.js";
+import { holdApiSocket } from "./held-socket.js";
 import { supervise } from "./supervise.js";
 import { addVersionCommand } from "./version-command.js";
 
@@ -51,11 +52,14 @@ export function buildCli(): Command {
     .argument("[serve-args...]", "arguments for `serve` (after --)")
     .passThroughOptions()
     .action(async (serveArgs, options) => {
+      const holding = await holdApiSocket(serveArgs, process.env);
+      if (holding.kind === "done") process.exit(holding.exitCode);
       const code = await supervise({
         binary: options.binary ?? ownBinaryPath(),
         serveArgs,
         crashDelayMs: Number(options.crashDelay),
         handoffDelayMs: Number(options.handoffDelay),
+        heldSocket: holding.kind === "hold",
       });
       process.exit(code);
     });
