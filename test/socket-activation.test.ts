@@ -1,5 +1,6 @@
 import { spawn, type ChildProcess } from "node:child_process";
 import { once } from "node:events";
+import { createServer } from "node:net";
 import { resolve } from "node:path";
 import { createInterface } from "node:readline";
 import { setTimeout as sleep } from "node:timers/promises";
@@ -10,11 +11,11 @@ import { freePort, SHIM_BUNDLE, tempHome } from "./support/shim-process.js";
  * systemd socket activation (issue 15): the shim serves the listening socket it inherits as fd 3
  * (LISTEN_FDS=1) instead of binding its port, so that while it is down (a crash, a restart, an
  * upgrade) a client's request waits in the held socket's backlog instead of being refused.
- * test/support/socket-holder.py does what systemd does: hold the socket, never accept on it,
+ * test/support/socket-holder.ts does what systemd does: hold the socket, never accept on it,
  * start the shim with it, kill -9 it, wait GAP_MS with no shim at all, start it again.
  */
 
-const HOLDER = resolve(import.meta.dirname, "support/socket-holder.py");
+const HOLDER = resolve(import.meta.dirname, "support/socket-holder.ts");
 const GAP_MS = 1_500;
 
 let holder: ChildProcess | undefined;
@@ -36,11 +37,14 @@ describe("socket activation (LISTEN_FDS)", () => {
     const home = await tempHome("taskshim-sockact-");
     const port = await freePort();
     const url = `http://127.0.0.1:${port}`;
+    // Bind, hand the socket to the holder as its fd 3, and close this process's copy.
+    const socket = createServer();
+    await new Promise<void>((done) => socket.listen({ host: "127.0.0.1", port }, done));
+    const fd = (socket as unknown as { _handle: { fd: number } })._handle.fd;
     holder = spawn(
-      "python3",
+      process.execPath,
       [
         HOLDER,
-        String(port),
         String(GAP_MS),
         "--",
         process.execPath,
@@ -53,8 +57,9 @@ describe("socket activation (LISTEN_FDS)", () => {
         "--shim-http-port",
         String(await freePort()),
       ],
-      { stdio: ["pipe", "pipe", "pipe"] },
+      { stdio: ["pipe", "pipe", "pipe", fd] },
     );
+    socket.close();
     holder.stderr?.on("data", (c: Buffer) => (output += c.toString()));
     const lines = createInterface({ input: holder.stdout! });
     const events: string[] = [];
