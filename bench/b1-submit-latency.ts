@@ -124,8 +124,8 @@ export async function runB1(bench: Bench): Promise<Row[]> {
     unit: "ms",
     taskshim,
     baseline,
-    target: "ratio <= 1.15",
+    target: "ratio <= 1.10",
     pass: false,
   });
-  return [{ ...row, pass: row.ratio !== null && row.ratio <= 1.15 }];
+  return [{ ...row, pass: row.ratio !== null && row.ratio <= 1.1 }];
 }

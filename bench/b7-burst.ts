@@ -63,8 +63,8 @@ export async function runB7(bench: Bench): Promise<Row[]> {
     unit: "ms",
     taskshim: round(median(shimTimes), 0),
     baseline: round(median(baseTimes), 0),
-    target: "ratio <= 1.25",
+    target: "ratio <= 1.10",
     pass: false,
   });
-  return [{ ...row, pass: row.ratio !== null && row.ratio <= 1.25 }];
+  return [{ ...row, pass: row.ratio !== null && row.ratio <= 1.1 }];
 }

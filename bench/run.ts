@@ -7,7 +7,7 @@ import { runB2 } from "./b2-exit-detection.js";
 import { runB3 } from "./b3-recovery.js";
 import { noteIdleCpu, runB4 } from "./b4-steady-state.js";
 import { runB5 } from "./b5-api-throughput.js";
-import { notePeakRss, runB6Idle, runB6Loaded } from "./b6-memory.js";
+import { notePeakRss, runB6Idle, runB6Leak, runB6Loaded } from "./b6-memory.js";
 import { runB7 } from "./b7-burst.js";
 import { Bench, sweepStale } from "./lib/harness.js";
 import { Fleet } from "./lib/fleet.js";
@@ -103,7 +103,10 @@ async function main(): Promise<Row[]> {
     // One shim with the fleet of running tasks serves B6, B4, B5 and B3, in that order:
     // memory before any load, the quiet reconciler before the HTTP load, the kill -9 last.
     const fleet = new Fleet(bench, await bench.startShim());
-    await timed("B6", async () => [await runB6Idle(bench, fleet.shim)]);
+    await timed("B6", async () => {
+      const idle = await runB6Idle(bench, fleet.shim);
+      return [idle, await runB6Leak(bench, fleet.shim, idle.taskshim, bench.quick ? 200 : 1_000)];
+    });
     if (selected.has("B4")) await noteIdleCpu(bench, fleet.shim, bench.quick ? 4_000 : 15_000);
     const started = performance.now();
     bench.log(`fleet: starting ${fleetSize} tasks`);

@@ -1,4 +1,4 @@
-// Bundles the shim into one CommonJS file (Node 20 SEA accepts only CommonJS).
+// Bundles the shim into one CommonJS file (the single binary's main script, scripts/build-binary.mjs).
 // Test builds may override the version and the state-file format:
 //   node scripts/build.mjs [--outfile F] [--version X.Y.Z] [--state-version N]
 import { build } from "esbuild";
@@ -42,7 +42,7 @@ await build({
   outfile: values.outfile,
   bundle: true,
   platform: "node",
-  target: "node20",
+  target: "node26",
   format: "cjs",
   define,
   plugins: [unusedTransports],

@@ -12,7 +12,8 @@ import { freePort, SHIM_BUNDLE, tempHome, type TaskInfo } from "./support/shim-p
 import { startSlowProxy, type SlowProxy } from "./support/slow-proxy.js";
 
 /*
- * Issue 5 end to end: shim A runs under `taskshim supervise`; tasks pull (from a deliberately
+ * Issue 5 end to end, on the single binaries built from the pinned Node.js (issue 15): shim A
+ * runs under `taskshim supervise`; tasks pull (from a deliberately
  * slow registry), run, and exit; `taskshim upgrade` rolls out B (another version, writing a
  * newer state format), then rolls back to A. Every task survives both, exits during the
  * windows are finalized with their real codes, and B's state files are left alone by A.
@@ -28,7 +29,7 @@ let work: string;
 let supervisor: ChildProcess | undefined;
 let supervisorLog = "";
 let url = "";
-const bundles: Record<"A" | "B", { path: string; sha256: string; version: string }> = {
+const binaries: Record<"A" | "B", { path: string; sha256: string; version: string }> = {
   A: { path: "", sha256: "", version: "1.0.0" },
   B: { path: "", sha256: "", version: "1.1.0" },
 };
@@ -73,12 +74,19 @@ async function waitTask(
   throw new Error(`task ${id}: ${JSON.stringify(last)}\n${supervisorLog.slice(-4000)}`);
 }
 
-/** Runs `taskshim upgrade` to `target` while touching `onDown()` as soon as the shim stops answering. */
+/** How many times the supervisor has seen its shim exit (each upgrade handoff is one). */
+const shimExits = (): number => supervisorLog.split('"msg":"shim exited; restarting"').length - 1;
+
+/**
+ * Runs `taskshim upgrade` to `target` while touching `onDown()` as soon as the old shim has
+ * exited, and a steady client (a healthcheck every 20 ms) counts refused requests: the
+ * supervisor holds the API socket, so there must be none.
+ */
 async function rollOut(
   target: "A" | "B",
   onDown: () => Promise<void>,
-): Promise<{ windowMs: number; table: string }> {
-  const bundle = bundles[target];
+): Promise<{ windowMs: number; table: string; refused: number; answered: number }> {
+  const binary = binaries[target];
   const cli = exec(
     process.execPath,
     [
@@ -87,31 +95,34 @@ async function rollOut(
       "--shim",
       url,
       "--url",
-      `file://${bundle.path}`,
+      `file://${binary.path}`,
       "--sha256",
-      bundle.sha256,
+      binary.sha256,
       "--json",
     ],
     { timeout: 120_000 },
   );
   let fired = false;
-  const watcher = (async () => {
+  let refused = 0;
+  let answered = 0;
+  const exitsBefore = shimExits();
+  const client = (async () => {
     while (!fired) {
-      const up = await get("/api/healthcheck").then(
-        () => true,
-        () => false,
+      await get("/api/healthcheck").then(
+        () => answered++,
+        () => refused++,
       );
-      if (!up) {
-        fired = true;
-        await onDown();
-        return;
-      }
-      await sleep(10);
+      await sleep(20);
     }
   })();
+  const watcher = (async () => {
+    while (!fired && shimExits() === exitsBefore) await sleep(5);
+    if (!fired) await onDown();
+  })();
   const { stdout } = await cli;
-  fired = true;
   await watcher;
+  fired = true;
+  await client;
   const [result] = JSON.parse(stdout) as {
     outcome: string;
     windowMs: number;
@@ -120,25 +131,26 @@ async function rollOut(
   }[];
   expect(result?.outcome).toBe("upgraded");
   expect(result?.tasksKept).toBe(result?.tasksBefore);
-  return { windowMs: result?.windowMs ?? -1, table: stdout };
+  return { windowMs: result?.windowMs ?? -1, table: stdout, refused, answered };
 }
 
-async function buildBundle(name: "A" | "B", stateVersion?: number): Promise<void> {
-  const path = join(work, `taskshim-${name}.cjs`);
+/** Builds the single binary `taskshim-A|B` from the pinned Node.js (scripts/build-binary.mjs). */
+async function buildBinary(name: "A" | "B", stateVersion?: number): Promise<void> {
+  const path = join(work, `taskshim-${name}`);
   await exec(
     process.execPath,
     [
-      join(ROOT, "scripts/build.mjs"),
+      join(ROOT, "scripts/build-binary.mjs"),
       "--outfile",
       path,
       "--version",
-      bundles[name].version,
+      binaries[name].version,
       ...(stateVersion ? ["--state-version", String(stateVersion)] : []),
     ],
     { cwd: ROOT },
   );
-  bundles[name].path = path;
-  bundles[name].sha256 = createHash("sha256")
+  binaries[name].path = path;
+  binaries[name].sha256 = createHash("sha256")
     .update(await readFile(path))
     .digest("hex");
 }
@@ -146,21 +158,35 @@ async function buildBundle(name: "A" | "B", stateVersion?: number): Promise<void
 beforeAll(async () => {
   images = await ensureTestImages();
   work = await tempHome("taskshim-upgrade-");
-  await buildBundle("A");
-  await buildBundle("B", 2);
+  await buildBinary("A");
+  await buildBinary("B", 2);
+  // The binaries embed the Node.js these tests run on (the pinned one), flags included.
+  const { stdout } = await exec(binaries.A.path, ["--version"]);
+  expect(stdout.trim()).toBe("taskshim version 1.0.0");
+  const runtime = JSON.parse((await exec(binaries.B.path, ["version", "--json"])).stdout) as Record<
+    string,
+    string
+  >;
+  expect(runtime).toEqual({
+    version: "1.1.0",
+    node: process.versions.node,
+    v8: process.versions.v8,
+    platform: process.platform,
+    arch: process.arch,
+  });
   registry = await startRegistry({ username: "upgrader", password: "pw-upgrade" });
   proxy = await startSlowProxy(registry.host, 256 * 1024);
 
   const bin = join(work, "bin");
   await mkdir(bin);
   const installed = join(bin, "taskshim");
-  await copyFile(bundles.A.path, installed);
+  await copyFile(binaries.A.path, installed);
   const port = await freePort();
   url = `http://127.0.0.1:${port}`;
+  // No node anywhere: the supervisor is binary A itself, and it runs the installed binary.
   supervisor = spawn(
-    process.execPath,
+    binaries.A.path,
     [
-      SHIM_BUNDLE,
       "supervise",
       "--binary",
       installed,
@@ -286,8 +312,10 @@ describe("upgrade at any moment", () => {
     expect((await testDocker().getContainer(long.container_id).inspect()).State.StartedAt).toBe(startedAt);
     expect((await get<TaskInfo>(`/api/tasks/${finished.id}`)).json.termination_reason).toBe("done_by_runner");
     console.log(
-      `upgrade: window A→B ${forward.windowMs} ms, B→A ${backward.windowMs} ms; tasks survived ${survived}/${ids.length} (running before: 4)`,
+      `upgrade: window A→B ${forward.windowMs} ms, B→A ${backward.windowMs} ms; tasks survived ${survived}/${ids.length} (running before: 4); ` +
+        `steady client: ${forward.refused + backward.refused} refused of ${forward.refused + backward.refused + forward.answered + backward.answered}`,
     );
+    expect(forward.refused + backward.refused).toBe(0);
     expect(survived).toBe(ids.length);
 
     for (const id of [longRunner.id, pulling.id]) {

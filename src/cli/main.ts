@@ -5,7 +5,9 @@ import { ConfigError, resolveShimConfig, SERVE_SETTINGS, type ServeFlags } from 
 import { VERSION } from "../version.js";
 import { addClientCommands } from "./client-commands.js";
 import { addFenceCommand } from "./fence.js";
+import { holdApiSocket } from "./held-socket.js";
 import { supervise } from "./supervise.js";
+import { addVersionCommand } from "./version-command.js";
 
 /** The path of this shim's own executable: the SEA binary, or the bundle run by node. */
 function ownBinaryPath(): string {
@@ -38,6 +40,7 @@ export function buildCli(): Command {
     serveCommand.option(setting.flag, `${setting.help}${setting.help ? " " : ""}[env ${setting.env}]`);
   }
   serveCommand.action(async (options) => serve(options));
+  addVersionCommand(program);
 
   program
     .command("supervise")
@@ -50,11 +53,14 @@ export function buildCli(): Command {
     .argument("[serve-args...]", "arguments for `serve` (after --)")
     .passThroughOptions()
     .action(async (serveArgs, options) => {
+      const holding = await holdApiSocket(serveArgs, process.env);
+      if (holding.kind === "done") process.exit(holding.exitCode);
       const code = await supervise({
         binary: options.binary ?? ownBinaryPath(),
         serveArgs,
         crashDelayMs: Number(options.crashDelay),
         handoffDelayMs: Number(options.handoffDelay),
+        heldSocket: holding.kind === "hold",
       });
       process.exit(code);
     });

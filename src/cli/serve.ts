@@ -28,6 +28,7 @@ import { StorageHealth } from "../state/storage-health.js";
 import { TaskDirs } from "../state/task-dirs.js";
 import { TaskStore } from "../tasks/task-store.js";
 import { VERSION } from "../version.js";
+import { listenTarget, SocketActivationError } from "./listen-target.js";
 
 /** Startup could not complete; the message is one line for the operator. */
 export class StartupError extends Error {
@@ -140,7 +141,7 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
   const shutdownController = new AbortController();
   const interruption = new AbortController();
   // Every Docker call and command in flight listens on these process-wide signals (and removes
-  // its listener when it settles: linked-signal.ts), so their count follows the work in flight,
+  // its listener when it settles: deadline-signal.ts), so their count follows the work in flight,
   // e.g. 16 inspects at once in a restore: Node's leak heuristic of 10 does not apply to them.
   setMaxListeners(0, shutdownController.signal, interruption.signal);
   let stopHomeWatch = (): void => undefined;
@@ -263,8 +264,17 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
       homeHealth: () => homeWatch.current(),
     });
     try {
-      await app.listen({ host: config.httpAddress, port: config.httpPort });
+      const target = listenTarget(
+        { host: config.httpAddress, port: config.httpPort },
+        process.env,
+        process.pid,
+      );
+      // fastify hands its options to net.Server#listen, which serves `fd` and then ignores
+      // `host`; a host other than "localhost" keeps fastify from adding a second (::1) binding.
+      const inherited = { fd: target.kind === "inherited" ? target.fd : -1, host: "127.0.0.1" };
+      await app.listen(target.kind === "inherited" ? inherited : target);
     } catch (error) {
+      if (error instanceof SocketActivationError) throw new StartupError(error.message, { cause: error });
       const code = (error as NodeJS.ErrnoException).code;
       throw new StartupError(
         code === "EADDRINUSE"
@@ -273,7 +283,12 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
         { cause: error },
       );
     }
-    const address = `http://${config.httpAddress}:${config.httpPort}`;
+    // The socket actually served: systemd's, when socket-activated, may differ from the flags.
+    const bound = app.server.address();
+    const address =
+      bound !== null && typeof bound === "object"
+        ? `http://${bound.address}:${bound.port}`
+        : `http://${config.httpAddress}:${config.httpPort}`;
     log.info(
       { address, version: VERSION, tasks: report.restored, gpus: inventory.gpus.length, homeId },
       "taskshim serving",

@@ -1,5 +1,6 @@
 import { spawn, type ChildProcess } from "node:child_process";
 import { setTimeout as sleep } from "node:timers/promises";
+import { heldSocketSpawn } from "./held-socket.js";
 
 /** Options of `taskshim supervise`. */
 export interface SuperviseOptions {
@@ -11,6 +12,8 @@ export interface SuperviseOptions {
   readonly crashDelayMs: number;
   /** Delay before restarting after exit 0 (an upgrade handoff), in ms. */
   readonly handoffDelayMs: number;
+  /** fd 3 is the API's listening socket: hand it to every shim (src/cli/held-socket.ts). */
+  readonly heldSocket?: boolean;
 }
 
 function note(message: string, fields: Record<string, unknown> = {}): void {
@@ -37,7 +40,11 @@ export async function supervise(options: SuperviseOptions): Promise<number> {
 
   for (let run = 1; ; run++) {
     const started = Date.now();
-    child = spawn(options.binary, ["serve", ...options.serveArgs], { stdio: "inherit" });
+    child = spawn(
+      options.binary,
+      ["serve", ...options.serveArgs],
+      options.heldSocket ? heldSocketSpawn(process.env) : { stdio: "inherit" },
+    );
     note("shim started", { run, pid: child.pid, binary: options.binary });
     const code = await new Promise<number>((resolve) => {
       child?.once("error", (error) => {

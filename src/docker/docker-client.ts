@@ -67,6 +67,8 @@ export interface ContainerEvent {
   readonly taskId: string;
   /** The owner label ({@link LABEL_OWNER}); "" when the container has none. */
   readonly owner: string;
+  /** A `die` event's `exitCode` attribute: the workload's exit code, as inspect would report it. */
+  readonly exitCode?: number;
 }
 
 /** Create options in the Engine API's own shape (POST /containers/create). */

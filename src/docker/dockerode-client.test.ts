@@ -5,7 +5,7 @@ import {
   DockerNotFoundError,
   DockerUnavailableError,
 } from "./docker-errors.js";
-import { demuxLogBuffer, extractPorts, splitLogLines } from "./dockerode-client.js";
+import { demuxLogBuffer, extractPorts, parseEvent, splitLogLines } from "./dockerode-client.js";
 
 function frame(stream: 1 | 2, text: string): Buffer {
   const payload = Buffer.from(text);
@@ -82,5 +82,37 @@ describe("mapDockerError", () => {
     ).toBeInstanceOf(DockerUnavailableError);
     const abort = Object.assign(new Error("aborted"), { name: "AbortError" });
     expect(mapDockerError(abort, "list").message).toContain("deadline exceeded or cancelled");
+  });
+});
+
+describe("parseEvent", () => {
+  const line = (attributes: Record<string, string>, action = "die") =>
+    JSON.stringify({ Type: "container", Action: action, Actor: { ID: "c0ffee", Attributes: attributes } });
+
+  it("carries a die event's exitCode attribute", () => {
+    expect(parseEvent(line({ "ai.dstack.shim.task-id": "t1", exitCode: "0" }))).toEqual({
+      action: "die",
+      containerId: "c0ffee",
+      taskId: "t1",
+      exitCode: 0,
+    });
+    expect(parseEvent(line({ "ai.dstack.shim.task-id": "t1", exitCode: "137" }))?.exitCode).toBe(137);
+  });
+
+  it("leaves the exit code out when the event has none or a malformed one", () => {
+    expect(parseEvent(line({ "ai.dstack.shim.task-id": "t1" }, "start"))).toEqual({
+      action: "start",
+      containerId: "c0ffee",
+      taskId: "t1",
+    });
+    expect(parseEvent(line({ "ai.dstack.shim.task-id": "t1", exitCode: "-1" }))).not.toHaveProperty(
+      "exitCode",
+    );
+    expect(parseEvent(line({ "ai.dstack.shim.task-id": "t1", exitCode: "" }))).not.toHaveProperty("exitCode");
+  });
+
+  it("ignores events of containers that are not tasks, and lines that are not JSON", () => {
+    expect(parseEvent(line({ exitCode: "0" }))).toBeUndefined();
+    expect(parseEvent("not json")).toBeUndefined();
   });
 });

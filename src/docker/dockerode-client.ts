@@ -1,7 +1,7 @@
 import { createInterface } from "node:readline";
 import type { Readable } from "node:stream";
 import Docker from "dockerode";
-import { withDeadline } from "../exec/linked-signal.js";
+import { withDeadline } from "../exec/deadline-signal.js";
 import { OperationBound } from "../exec/operation-bound.js";
 import type { PortMapping } from "../tasks/task.js";
 import {
@@ -301,7 +301,8 @@ export class DockerodeClient implements DockerClient {
   }
 }
 
-function parseEvent(line: string): ContainerEvent | undefined {
+/** One line of the engine's event stream → a task container's event; anything else → undefined. */
+export function parseEvent(line: string): ContainerEvent | undefined {
   try {
     const raw = JSON.parse(line) as {
       Action?: string;
@@ -311,7 +312,11 @@ function parseEvent(line: string): ContainerEvent | undefined {
     if (!raw.Action || !raw.Actor?.ID || !taskId) return undefined;
     // Events carry the container's labels as attributes, the owner label included.
     const owner = raw.Actor.Attributes?.[LABEL_OWNER] ?? "";
-    return { action: raw.Action, containerId: raw.Actor.ID, taskId, owner };
+    const event = { action: raw.Action, containerId: raw.Actor.ID, taskId, owner };
+    const exitCode = raw.Actor.Attributes?.exitCode;
+    return exitCode !== undefined && /^\d{1,3}$/.test(exitCode)
+      ? { ...event, exitCode: Number(exitCode) }
+      : event;
   } catch {
     return undefined;
   }

@@ -3,7 +3,7 @@ import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
 import { DockerUnavailableError } from "../docker/docker-errors.js";
 import { TASK_STATE_FILE } from "../state/task-state-file.js";
-import { makeContext, waitFor, type TestEnv } from "./test-support.js";
+import { makeContext, TEST_HOME_ID, waitFor, type TestEnv } from "./test-support.js";
 
 let env: TestEnv;
 
@@ -327,7 +327,62 @@ describe("Reconciler.run", () => {
     await waitFor(() => env.ctx.store.mustGet(task.id).status === "terminated", { timeoutMs: 900 });
     expect(performance.now() - exitedAt).toBeLessThan(300);
     expect(env.ctx.store.mustGet(task.id).exitCode).toBe(2);
+    expect(env.ctx.store.mustGet(task.id).terminationMessage).toBe("fatal");
     env.shutdownController.abort();
     await Promise.all([loop, events]);
+  });
+
+  it("takes exit code 0 from the die event of the task's container: finalized without an inspect", async () => {
+    const { task, container } = await env.seedTask({ gpus: 1 });
+    const inspectsBefore = env.docker.count("inspectContainer");
+    env.reconciler.kick(task.id, {
+      action: "die",
+      containerId: container!.id,
+      taskId: task.id,
+      owner: TEST_HOME_ID,
+      exitCode: 0,
+    });
+    await waitFor(() => env.ctx.store.mustGet(task.id).status === "terminated", { timeoutMs: 900 });
+    const after = env.ctx.store.mustGet(task.id);
+    expect(after.terminationReason).toBe("done_by_runner");
+    expect(after.terminationMessage).toBe("");
+    expect(after.exitCode).toBe(0);
+    expect(env.docker.count("inspectContainer")).toBe(inspectsBefore);
+    await waitFor(() => env.ctx.store.mustGet(task.id).cleanedUp);
+    expect((await stateFile(after.taskDir)).status).toBe("terminated");
+    expect(env.ctx.gpuLock.lockedIds()).toEqual([]);
+  });
+
+  it("does not trust a die event of another container (a stale or foreign one): inspects, still running", async () => {
+    const { task } = await env.seedTask();
+    env.reconciler.kick(task.id, {
+      action: "die",
+      containerId: "f".repeat(64),
+      taskId: task.id,
+      owner: TEST_HOME_ID,
+      exitCode: 0,
+    });
+    await waitFor(() => env.docker.count("inspectContainer") >= 1);
+    await new Promise((resolve) => setTimeout(resolve, 20));
+    expect(env.ctx.store.mustGet(task.id).status).toBe("running");
+  });
+
+  it("still inspects a non-zero exit from a die event, for the OOM flag and the last log lines", async () => {
+    const { task, container } = await env.seedTask();
+    env.docker.exit(container!.id, 137, { logs: ["killed"], oomKilled: true });
+    env.reconciler.kick(task.id, {
+      action: "die",
+      containerId: container!.id,
+      taskId: task.id,
+      owner: TEST_HOME_ID,
+      exitCode: 137,
+    });
+    await waitFor(() => env.ctx.store.mustGet(task.id).status === "terminated", { timeoutMs: 900 });
+    const after = env.ctx.store.mustGet(task.id);
+    expect(after.terminationReason).toBe("container_exited_with_error");
+    expect(after.exitCode).toBe(137);
+    expect(after.terminationMessage).toBe("container was OOM-killed\nkilled");
+    expect(env.docker.count("inspectContainer")).toBeGreaterThanOrEqual(1);
+    await waitFor(() => env.ctx.store.mustGet(task.id).cleanedUp);
   });
 });

