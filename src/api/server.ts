@@ -69,12 +69,23 @@ function sendJson(reply: FastifyReply, json: string): FastifyReply {
   return reply.header("content-type", "application/json; charset=utf-8").send(json);
 }
 
-function sendText(reply: FastifyReply, status: number, message: string): FastifyReply {
+/**
+ * A plain-text answer. An error's message is cut to one line without errno codes, unless it is
+ * `verbatim`: a message the API composes on purpose, such as `storage unavailable: ENOSPC: …`,
+ * whose errno name is the operator's answer.
+ */
+function sendText(
+  reply: FastifyReply,
+  status: number,
+  message: string,
+  options: { verbatim?: boolean } = {},
+): FastifyReply {
+  const text = status < 400 ? message : options.verbatim ? firstLine(message) : oneLineMessage(message);
   return reply
     .code(status)
     .header("content-type", "text/plain; charset=utf-8")
     .header("x-content-type-options", "nosniff")
-    .send(`${status >= 400 ? oneLineMessage(message) : message}\n`);
+    .send(`${text}\n`);
 }
 
 function body(request: FastifyRequest): Record<string, unknown>;
@@ -131,7 +142,8 @@ export function buildApi(deps: ApiDeps) {
     if (error instanceof TaskConflictError || error instanceof TaskStateError) {
       return sendText(reply, 409, `request error: ${error.message}`);
     }
-    if (error instanceof StorageUnavailableError) return sendText(reply, 503, error.message);
+    if (error instanceof StorageUnavailableError)
+      return sendText(reply, 503, error.message, { verbatim: true });
     if (error instanceof TaskOperationError) return sendText(reply, 500, `internal error: ${error.message}`);
     if (typeof error.statusCode === "number" && error.statusCode >= 400 && error.statusCode < 500) {
       return sendText(reply, error.statusCode, error.message);
@@ -399,6 +411,10 @@ function answerClientError(error: Error & { code?: string }, socket: Socket): vo
   );
 }
 
+function firstLine(message: string): string {
+  return message.split(/\r?\n/)[0] ?? "";
+}
+
 /** The errno names this platform knows (`ENOENT`, `ECONNREFUSED`…) and Node's `ERR_…` codes. */
 const ERRNO_CODES = new RegExp(`\\b(?:${Object.keys(osConstants.errno).join("|")}|ERR_[A-Z0-9_]+)\\b:?`, "g");
 
@@ -407,8 +423,7 @@ const ERRNO_CODES = new RegExp(`\\b(?:${Object.keys(osConstants.errno).join("|")
  * `ERR_…`) or anything that looks like a stack frame.
  */
 export function oneLineMessage(message: string): string {
-  const first = message.split(/\r?\n/)[0] ?? "";
-  return first
+  return firstLine(message)
     .replace(/\s+at\s+\S+\s+\(.*$/, "")
     .replace(ERRNO_CODES, "")
     .replace(/\s{2,}/g, " ")

@@ -94,6 +94,7 @@ describe("parseEvent", () => {
       action: "die",
       containerId: "c0ffee",
       taskId: "t1",
+      owner: "",
       exitCode: 0,
     });
     expect(parseEvent(line({ "ai.dstack.shim.task-id": "t1", exitCode: "137" }))?.exitCode).toBe(137);
@@ -104,6 +105,7 @@ describe("parseEvent", () => {
       action: "start",
       containerId: "c0ffee",
       taskId: "t1",
+      owner: "",
     });
     expect(parseEvent(line({ "ai.dstack.shim.task-id": "t1", exitCode: "-1" }))).not.toHaveProperty(
       "exitCode",
