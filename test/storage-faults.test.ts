@@ -116,6 +116,15 @@ class Mount {
   }
 }
 
+/** Polls `predicate` every 100 ms for up to 5 s; fails with `what` if it never holds. */
+async function eventually(what: string, predicate: () => boolean | Promise<boolean>): Promise<void> {
+  const deadline = Date.now() + 5_000;
+  while (!(await predicate())) {
+    if (Date.now() > deadline) throw new Error(`not within 5 s: ${what}`);
+    await sleep(100);
+  }
+}
+
 /** Fills the file system under `dir` with one file; returns its path. */
 function fill(dir: string): string {
   const path = join(dir, "filler");
@@ -336,7 +345,10 @@ describe("host storage faults never kill the shim, and no answer runs ahead of t
       expect((await taskState(mount.dir, exitsRunning)).status).toBe("running");
       check(alive(shim), "other", "the shim died on a full disk");
       // stdout logging is unaffected by the full disk.
-      expect(shim.logs).toMatch(new RegExp(`"taskId":"${exits.id}"[^\\n]*"msg":"task finished"`));
+      const onStdout = shim;
+      await eventually("stdout has the exit", () =>
+        new RegExp(`"taskId":"${exits.id}"[^\\n]*"msg":"task finished"`).test(onStdout.logs),
+      );
 
       // A restart on the full home: it starts, restores, serves and says degraded.
       expect(await shim.stop()).toBe(0);
@@ -362,8 +374,9 @@ describe("host storage faults never kill the shim, and no answer runs ahead of t
       );
       await expectNoLeaks(mount.dir, [longRunning, exitsRunning]);
       // The lines written while the disk was full reach shim.log once it takes writes again.
-      await sleep(1_500);
-      expect(await readFile(join(mount.dir, "shim.log"), "utf8")).toContain("storage writable again");
+      await eventually("shim.log catches up", async () =>
+        (await readFile(join(mount.dir, "shim.log"), "utf8")).includes("storage writable again"),
+      );
 
       // A later terminate works normally.
       const terminated = await shim.terminate(long.id, "terminated_by_user", "after the fault");
@@ -399,9 +412,10 @@ describe("host storage faults never kill the shim, and no answer runs ahead of t
       const b = await shim.waitTask(second.json.id, (t) => t.status === "running");
       expect((await health(shim)).storage.status).toBe("ok");
       await mount.chattr("-i", join(mount.dir, "shim.log"));
-      await sleep(1_500);
-      expect(await readFile(join(mount.dir, "shim.log"), "utf8")).toMatch(
-        new RegExp(`"taskId":"${b.id}"[^\\n]*"msg":"task submitted"`),
+      await eventually("shim.log gets the lines it could not take", async () =>
+        new RegExp(`"taskId":"${b.id}"[^\\n]*"msg":"task submitted"`).test(
+          await readFile(join(mount.dir, "shim.log"), "utf8"),
+        ),
       );
 
       // The task dirs are immutable (EPERM).

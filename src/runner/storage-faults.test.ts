@@ -143,6 +143,19 @@ describe("exits while storage is degraded", () => {
     expect(release.mock.calls.filter(([ids]) => ids.length > 0)).toHaveLength(1);
   });
 
+  it("a start whose writes fail still runs its container; task.json follows once storage is back", async () => {
+    const task = await env.submit();
+    armFailpoints("durable-write:task-state=error(ENOSPC)");
+    await env.runner.awaitStarts();
+    const running = env.ctx.store.mustGet(task.id);
+    expect(running.status).toBe("running");
+    expect(env.docker.mustFind(running.containerId).state).toBe("running");
+    expect(readState(task.taskDir).status).toBe("pending");
+    armFailpoints(undefined);
+    expect(await env.runner.catchUpStorage()).toBe(true);
+    expect(readState(task.taskDir).status).toBe("running");
+  });
+
   it("the health probe clears the degraded state only after the catch-up wrote everything", async () => {
     const task = await env.submitAndStart();
     armFailpoints("durable-write:task-state=error(ENOSPC)");

@@ -15,7 +15,6 @@ import { consumePullStream, PullTracker } from "../docker/pull-progress.js";
 import { deadlineSignal } from "../exec/deadline-signal.js";
 import { gpuContainerConfig } from "../host/gpu-inventory.js";
 import { isStorageError, StorageUnavailableError } from "../state/storage-health.js";
-import { TASK_STATE_FILE } from "../state/task-state-file.js";
 import { TaskDirs } from "../state/task-dirs.js";
 import { newTask, type Task, type TaskDraft } from "../tasks/task.js";
 import { sameTaskConfig, type RegistryAuth, type TaskConfig } from "../tasks/task-config.js";
@@ -156,7 +155,6 @@ export class TaskRunner {
     const persisted = (async () => {
       let taskDir = "";
       let created = false;
-      let stateWritten = false;
       try {
         taskDir = this.ctx.dirs.dirFor(containerName);
         created = !existsSync(taskDir);
@@ -173,7 +171,6 @@ export class TaskRunner {
         this.ctx.store.modify(config.id, (d) => {
           d.taskDir = taskDir;
         });
-        stateWritten = true;
         await this.persister.persist(config.id);
         await failpoint("after-state:pending");
       } catch (cause) {
@@ -181,7 +178,7 @@ export class TaskRunner {
         this.ctx.store.delete(config.id);
         await this.persister.settle(config.id);
         this.persister.forget(config.id);
-        if (taskDir !== "") await this.discardSubmitDir(taskDir, created, stateWritten);
+        if (taskDir !== "") await this.discardSubmitDir(taskDir, created);
         const storageCause = isStorageError(cause)
           ? cause instanceof TaskPersistError
             ? cause.cause
@@ -218,15 +215,11 @@ export class TaskRunner {
 
   /**
    * Undoes what a failed submit wrote: a dir it created is deleted (or renamed aside); in a dir
-   * that was already there, only its credentials and state file.
+   * that was already there, only the credentials (a state file there may not be this submit's).
    */
-  private async discardSubmitDir(taskDir: string, created: boolean, stateWritten: boolean): Promise<void> {
-    if (created) {
-      await this.ctx.dirs.remove(taskDir);
-      return;
-    }
-    await deleteRegistryAuth(taskDir);
-    if (stateWritten) await unlinkIfPresent(join(taskDir, TASK_STATE_FILE)).catch(() => undefined);
+  private async discardSubmitDir(taskDir: string, created: boolean): Promise<void> {
+    if (created) await this.ctx.dirs.remove(taskDir);
+    else await deleteRegistryAuth(taskDir);
   }
 
   /** Starts (or resumes) a task without waiting; `awaitStarts` collects the promises. */

@@ -274,7 +274,8 @@ export class LogFileSink {
     // Buffered lines reach the file once it is writable again, even if nothing more is logged.
     this.retryTimer = setInterval(() => {
       try {
-        this.retry(false);
+        // The timer is the rate limit: a write in between must not push its attempt back.
+        this.retry(true);
       } catch {
         // never let a timer throw
       }
