@@ -274,6 +274,8 @@ describe("rejected task.json: what the error says", () => {
     ["not JSON", "{", "task state is not valid JSON"],
     ["an array", "[]", "task state is not a JSON object"],
     ["null", "null", "task state is not a JSON object"],
+    ["a number", "1", "task state is not a JSON object"],
+    ["a string", '"task"', "task state is not a JSON object"],
     [
       "version 0",
       DSTACK_SHIM_V1.replace(`"version":1`, `"version":0`),
