@@ -11,6 +11,7 @@ import { ShimProcess, tempHome } from "./support/shim-process.js";
  */
 
 const started: ShimProcess[] = [];
+const dirs: string[] = [];
 
 async function start(options: Parameters<typeof ShimProcess.start>[0]): Promise<ShimProcess> {
   const shim = await ShimProcess.start(options);
@@ -20,6 +21,7 @@ async function start(options: Parameters<typeof ShimProcess.start>[0]): Promise<
 
 afterAll(async () => {
   for (const shim of started) await shim.stop().catch(() => undefined);
+  for (const dir of dirs) await rm(dir, { recursive: true, force: true });
 });
 
 async function refused(home: string): Promise<void> {
@@ -35,7 +37,9 @@ interface Health {
 
 describe("the home lock (O6)", () => {
   it("refuses a second shim after the lock file and then the whole home were deleted; the first reports it within 5 s", async () => {
-    const home = join(await tempHome("taskshim-lock-"), "home");
+    const base = await tempHome("taskshim-lock-");
+    dirs.push(base);
+    const home = join(base, "home");
     const first = await start({ home });
     expect((await first.request<Health>("GET", "/api/healthcheck")).json.home).toEqual({ status: "ok" });
 

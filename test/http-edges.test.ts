@@ -1,9 +1,16 @@
-import { writeFile } from "node:fs/promises";
+import { rm, writeFile } from "node:fs/promises";
 import { connect, type Socket } from "node:net";
 import { join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { ShimProcess, tempHome } from "./support/shim-process.js";
+
+const tempDirs: string[] = [];
+async function tempDir(prefix: string): Promise<string> {
+  const dir = await tempHome(prefix);
+  tempDirs.push(dir);
+  return dir;
+}
 
 /*
  * The HTTP edge of a real shim: a client that trickles its body is cut (whole request within
@@ -15,7 +22,7 @@ const TOKEN = "edge-token-0123456789abcdef";
 let shim: ShimProcess;
 
 beforeAll(async () => {
-  const home = await tempHome("taskshim-edge-");
+  const home = await tempDir("taskshim-edge-");
   const tokenFile = join(home, "token");
   await writeFile(tokenFile, `${TOKEN}\n`, { mode: 0o600 });
   shim = await ShimProcess.start({ home, args: ["--auth-token-file", tokenFile] });
@@ -23,6 +30,8 @@ beforeAll(async () => {
 
 afterAll(async () => {
   await shim?.stop();
+  for (const dir of tempDirs.splice(0))
+    await rm(dir, { recursive: true, force: true }).catch(() => undefined);
 });
 
 function open(): Promise<Socket> {

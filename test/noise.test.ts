@@ -1,9 +1,16 @@
-import { writeFile } from "node:fs/promises";
+import { rm, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { TEST_LABEL, testDocker } from "./support/docker.js";
 import { ensureTestImages, type TestImages } from "./support/images.js";
 import { ShimProcess, tempHome } from "./support/shim-process.js";
+
+const tempDirs: string[] = [];
+async function tempDir(prefix: string): Promise<string> {
+  const dir = await tempHome(prefix);
+  tempDirs.push(dir);
+  return dir;
+}
 
 /* A start with many containers prints nothing but JSON log lines (no Node warnings). */
 
@@ -26,11 +33,13 @@ afterAll(async () => {
         .catch(() => undefined),
     ),
   );
+  for (const dir of tempDirs.splice(0))
+    await rm(dir, { recursive: true, force: true }).catch(() => undefined);
 });
 
 describe("noise", () => {
   it(`starts with ${CONTAINERS} containers of its home without a MaxListenersExceededWarning`, async () => {
-    const home = await tempHome("taskshim-noise-");
+    const home = await tempDir("taskshim-noise-");
     const homeId = `noise-${process.pid}-${Date.now()}`;
     await writeFile(join(home, ".taskshim-home-id"), `${homeId}\n`);
     for (let i = 0; i < CONTAINERS; i++) {

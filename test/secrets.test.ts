@@ -1,14 +1,23 @@
-import { stat, readFile, writeFile } from "node:fs/promises";
+import { readFile, rm, stat, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import { afterAll, describe, expect, it } from "vitest";
 import { ShimProcess, tempHome } from "./support/shim-process.js";
+
+const tempDirs: string[] = [];
+async function tempDir(prefix: string): Promise<string> {
+  const dir = await tempHome(prefix);
+  tempDirs.push(dir);
+  return dir;
+}
 
 /* Secrets hygiene of a real shim: the token file's mode, the log's mode, URLs in logs. */
 
 const started: ShimProcess[] = [];
 afterAll(async () => {
   for (const shim of started) await shim.stop().catch(() => undefined);
+  for (const dir of tempDirs.splice(0))
+    await rm(dir, { recursive: true, force: true }).catch(() => undefined);
 });
 
 async function start(options: Parameters<typeof ShimProcess.start>[0]): Promise<ShimProcess> {
@@ -19,7 +28,7 @@ async function start(options: Parameters<typeof ShimProcess.start>[0]): Promise<
 
 describe("secrets", () => {
   it("refuses a token file readable by group or others with one line naming chmod 600", async () => {
-    const home = await tempHome("taskshim-secrets-");
+    const home = await tempDir("taskshim-secrets-");
     const tokenFile = join(home, "token");
     await writeFile(tokenFile, "secret-token-0123456789abcdef\n", { mode: 0o644 });
     const shim = await start({ home, args: ["--auth-token-file", tokenFile], waitReady: false });
@@ -30,7 +39,7 @@ describe("secrets", () => {
   });
 
   it("keeps shim.log 0600 and logs a failed download's URL without userinfo or query string", async () => {
-    const home = await tempHome("taskshim-secrets-");
+    const home = await tempDir("taskshim-secrets-");
     const logFile = join(home, "shim.log");
     await writeFile(logFile, "", { mode: 0o644 });
     const shim = await start({ home, args: ["--runner-binary-path", join(home, "dstack-runner")] });
