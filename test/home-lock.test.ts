@@ -7,7 +7,7 @@ import { ShimProcess, tempHome } from "./support/shim-process.js";
 /*
  * The home lock cannot be deleted (fault matrix row O6): a second shim on the same home is
  * refused while the first lives, even after the lock file or the whole home was deleted, and
- * the first notices within 5 s that its home is gone.
+ * the first notices within 5 s that its home is gone (healthcheck `storage: degraded`).
  */
 
 const started: ShimProcess[] = [];
@@ -32,7 +32,7 @@ async function refused(home: string): Promise<void> {
 }
 
 interface Health {
-  home?: { status: string; error?: string };
+  storage?: { status: string; error?: string };
 }
 
 describe("the home lock (O6)", () => {
@@ -41,7 +41,7 @@ describe("the home lock (O6)", () => {
     dirs.push(base);
     const home = join(base, "home");
     const first = await start({ home });
-    expect((await first.request<Health>("GET", "/api/healthcheck")).json.home).toEqual({ status: "ok" });
+    expect((await first.request<Health>("GET", "/api/healthcheck")).json.storage?.status).toBe("ok");
 
     await rm(join(home, ".taskshim.lock"));
     await refused(home);
@@ -49,9 +49,9 @@ describe("the home lock (O6)", () => {
     const deletedAt = Date.now();
     await rm(home, { recursive: true, force: true });
     await refused(home);
-    let health: Health["home"];
+    let health: Health["storage"];
     while (Date.now() - deletedAt < 5_000) {
-      health = (await first.request<Health>("GET", "/api/healthcheck")).json.home;
+      health = (await first.request<Health>("GET", "/api/healthcheck")).json.storage;
       if (health?.status === "degraded") break;
       await sleep(100);
     }
@@ -64,11 +64,11 @@ describe("the home lock (O6)", () => {
     // A home re-created at the same path is still locked, and still not the first shim's.
     await mkdir(home, { recursive: true });
     await refused(home);
-    expect((await first.request<Health>("GET", "/api/healthcheck")).json.home?.status).toBe("degraded");
+    expect((await first.request<Health>("GET", "/api/healthcheck")).json.storage?.status).toBe("degraded");
 
     // Once the first shim is gone, the home can be used again.
     expect(await first.stop()).toBe(0);
     const next = await start({ home });
-    expect((await next.request<Health>("GET", "/api/healthcheck")).json.home).toEqual({ status: "ok" });
+    expect((await next.request<Health>("GET", "/api/healthcheck")).json.storage?.status).toBe("ok");
   });
 });
