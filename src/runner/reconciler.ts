@@ -266,9 +266,9 @@ export class Reconciler {
     message: string,
     exitCode: number | null,
   ): Promise<void> {
-    // The terminal status is durable before the release starts: a crash in between re-runs
-    // only the (idempotent) release.
-    await this.runner.commit(task.id, (d) => {
+    // The terminal status is durable before it is visible and before the release starts: a
+    // crash in between re-runs only the (idempotent) release.
+    await this.runner.commitFinal(task.id, (d) => {
       d.status = "terminated";
       d.terminationReason = reason;
       d.terminationMessage = message;

@@ -107,6 +107,28 @@ export class TaskRunner {
   }
 
   /**
+   * The reconciler's terminal commit: visible only once durable, so a read never shows an exit
+   * that task.json lacks. When the home cannot take the write (a storage error), the exit is
+   * final in memory at once all the same and written once storage is back, as `commit` does.
+   */
+  async commitFinal(id: string, fn: (draft: TaskDraft) => void): Promise<Task> {
+    const before = this.ctx.store.mustGet(id).status;
+    let task: Task;
+    try {
+      task = await this.persister.persistChange(id, fn);
+    } catch (error) {
+      if (!(error instanceof TaskPersistError && isStorageError(error.cause))) throw error;
+      task = this.ctx.store.modify(id, fn);
+      this.ctx.log.warn(
+        { taskId: id, status: task.status },
+        "task state not yet durable; written when storage is back",
+      );
+    }
+    if (task.status !== before) await failpoint(`after-state:${task.status}`);
+    return task;
+  }
+
+  /**
    * Applies a change that a request asked for only once it is durable: on a failure nothing
    * changed, in memory or on disk, and the error says whether storage was the cause (HTTP 503).
    */
