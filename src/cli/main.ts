@@ -1,5 +1,5 @@
 import { readFile } from "node:fs/promises";
-import { Command } from "@commander-js/extra-typings";
+import { Command, CommanderError } from "@commander-js/extra-typings";
 import { formatUpgradeTable, upgradeFleet } from "../control/upgrade.js";
 import { ConfigError, resolveShimConfig, SERVE_SETTINGS, type ServeFlags } from "../config/shim-config.js";
 import { VERSION } from "../version.js";
@@ -30,7 +30,10 @@ export function buildCli(): Command {
   const program = new Command("taskshim")
     .description("A dstack-shim compatible host agent that runs tasks as Docker containers")
     .version(`taskshim version ${VERSION}`, "-v, --version", "print the version")
-    .showHelpAfterError()
+    // Errors become one `taskshim:` line in main(); the usage is printed only for --help.
+    // Both settings are inherited by every command added below.
+    .exitOverride()
+    .configureOutput({ outputError: () => undefined })
     .enablePositionalOptions();
   const serveCommand = program.command("serve").description("run the shim against the local Docker Engine");
   for (const setting of Object.values(SERVE_SETTINGS)) {
@@ -85,18 +88,67 @@ export function buildCli(): Command {
   return program;
 }
 
-/** Entry point: one clear line and a non-zero exit on any startup failure. */
-export function main(argv: string[] = process.argv): void {
-  buildCli()
-    .parseAsync(argv)
-    .catch((error: unknown) => {
-      // One line, whatever the error carries: scripts read stderr line by line.
-      const message = (error instanceof Error ? error.message : String(error))
-        .trim()
-        .replace(/\s*\n\s*/g, " ");
-      process.stderr.write(
-        `taskshim: ${error instanceof ConfigError ? "configuration error: " : ""}${message}\n`,
-      );
-      process.exit(1);
+/** sysexits' EX_CONFIG: `serve` cannot run with this configuration; `supervise` stops restarting. */
+export const EXIT_CONFIG = 78;
+
+/** The command words of argv (`tasks get`), for the `--help` hint of a usage error. */
+function commandPath(program: Command, args: readonly string[]): string[] {
+  const path: string[] = [];
+  let command: Command = program;
+  for (const word of args) {
+    if (word.startsWith("-")) continue;
+    const next = command.commands.find((c) => c.name() === word || c.aliases().includes(word));
+    if (!next) break;
+    path.push(next.name());
+    command = next as Command;
+  }
+  return path;
+}
+
+/** The one line and exit status for an error that ended the command. */
+export function describeFailure(
+  error: unknown,
+  path: readonly string[],
+): { readonly line: string; readonly code: number } | { readonly line?: undefined; readonly code: number } {
+  const serving = path[0] === "serve";
+  if (error instanceof CommanderError) {
+    // --help and --version end here with exit code 0; help shown for a missing subcommand, 1.
+    if (error.code === "commander.helpDisplayed" || error.code === "commander.version") return { code: 0 };
+    if (error.code === "commander.help") return { code: error.exitCode };
+    const message = error.message.replace(/^error: /, "");
+    const help = ["taskshim", ...path, "--help"].join(" ");
+    return {
+      line: `taskshim: ${serving ? "configuration error: " : ""}${message} (see ${help})`,
+      code: serving ? EXIT_CONFIG : 1,
+    };
+  }
+  // One line, whatever the error carries: scripts read stderr line by line.
+  const message = (error instanceof Error ? error.message : String(error)).trim().replace(/\s*\n\s*/g, " ");
+  if (error instanceof ConfigError)
+    return { line: `taskshim: configuration error: ${message}`, code: EXIT_CONFIG };
+  return { line: `taskshim: ${message}`, code: 1 };
+}
+
+/**
+ * A reader that went away (`taskshim tasks watch | head -1`) ends the command quietly and
+ * successfully, as it does for other Unix tools; without this, the EPIPE is a stack trace.
+ */
+function endQuietlyOnClosedPipe(): void {
+  for (const stream of [process.stdout, process.stderr]) {
+    stream.on("error", (error: NodeJS.ErrnoException) => {
+      if (error.code === "EPIPE") process.exit(0);
+      throw error;
     });
+  }
+}
+
+/** Entry point: one clear line and a non-zero exit on any failure. */
+export function main(argv: string[] = process.argv): void {
+  endQuietlyOnClosedPipe();
+  const program = buildCli();
+  program.parseAsync(argv).catch((error: unknown) => {
+    const { line, code } = describeFailure(error, commandPath(program, argv.slice(2)));
+    if (line !== undefined) process.stderr.write(`${line}\n`);
+    process.exit(code);
+  });
 }

@@ -1,11 +1,12 @@
 import { existsSync } from "node:fs";
 import { mkdir, readFile } from "node:fs/promises";
+import { createServer } from "node:net";
 import { join } from "node:path";
 import { pino, type Logger } from "pino";
 import { ShimMetrics } from "../api/metrics.js";
 import { buildApi } from "../api/server.js";
 import { ComponentService } from "../components/component-service.js";
-import { containerParamsOf, type ShimConfig } from "../config/shim-config.js";
+import { ConfigError, containerParamsOf, type ShimConfig } from "../config/shim-config.js";
 import { DockerodeClient } from "../docker/dockerode-client.js";
 import { BoundedCommandRunner } from "../exec/run-bounded.js";
 import { AuthorizedKeys, HostKeysReconciler, passwdUserLookup } from "../host/authorized-keys.js";
@@ -64,14 +65,45 @@ async function readAuthToken(file: string): Promise<string | undefined> {
   try {
     token = (await readFile(file, "utf8")).trim();
   } catch (error) {
-    throw new StartupError(`cannot read the auth token file ${file}: ${(error as Error).message}`, {
+    throw new ConfigError(`cannot read the auth token file ${file}: ${(error as Error).message}`, {
       cause: error,
     });
   }
   if (token.length < 16 || /\s/.test(token)) {
-    throw new StartupError(`the auth token in ${file} must be at least 16 characters without whitespace`);
+    throw new ConfigError(`the auth token in ${file} must be at least 16 characters without whitespace`);
   }
   return token;
+}
+
+/**
+ * Binds the API's address for a moment and lets it go: a taken port is found before anything
+ * is restored (restoring first logged every finalized task ahead of the one line that matters).
+ * Another process could take the port between this probe and the real listen; that rare race
+ * still ends in the same one-line error, only later.
+ */
+export async function probeListen(host: string, port: number): Promise<void> {
+  const server = createServer();
+  try {
+    await new Promise<void>((resolve, reject) => {
+      server.once("error", reject);
+      server.listen({ host, port, exclusive: true }, resolve);
+    });
+  } catch (error) {
+    throw listenError(error, host, port);
+  }
+  await new Promise<void>((resolve) => server.close(() => resolve()));
+}
+
+function listenError(error: unknown, host: string, port: number): StartupError {
+  const code = (error as NodeJS.ErrnoException).code;
+  return new StartupError(
+    code === "EADDRINUSE"
+      ? `port ${port} on ${host} is already in use (choose another with --shim-http-port)`
+      : code === "EADDRNOTAVAIL"
+        ? `cannot listen on ${host}:${port}: the address is not on this host (see --shim-http-address)`
+        : `cannot listen on ${host}:${port}: ${(error as Error).message}`,
+    { cause: error },
+  );
 }
 
 /** A running shim: `stopped` settles once it has shut down. */
@@ -92,6 +124,8 @@ export interface RunningShim {
 export async function startShim(config: ShimConfig): Promise<RunningShim> {
   await mkdir(config.home, { recursive: true, mode: 0o755 });
   const authToken = await readAuthToken(config.authTokenFile);
+  // Every cheap precondition before the home lock, the engine and the restore.
+  await probeListen(config.httpAddress, config.httpPort);
   let lock: HomeLock;
   try {
     lock = await acquireHomeLock(config.home);
@@ -196,13 +230,7 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
     try {
       await app.listen({ host: config.httpAddress, port: config.httpPort });
     } catch (error) {
-      const code = (error as NodeJS.ErrnoException).code;
-      throw new StartupError(
-        code === "EADDRINUSE"
-          ? `port ${config.httpPort} on ${config.httpAddress} is already in use`
-          : `cannot listen on ${config.httpAddress}:${config.httpPort}: ${(error as Error).message}`,
-        { cause: error },
-      );
+      throw listenError(error, config.httpAddress, config.httpPort);
     }
     const address = `http://${config.httpAddress}:${config.httpPort}`;
     log.info(
