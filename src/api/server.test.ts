@@ -19,6 +19,11 @@ const TASK_INFO_KEYS = [
   "container_name",
   "container_id",
   "gpus_ids",
+  // taskshim extensions, ignored by dstack's server.
+  "exit_code",
+  "created_at",
+  "started_at",
+  "finished_at",
 ];
 
 let env: TestEnv;

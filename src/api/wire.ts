@@ -15,7 +15,15 @@ export interface TaskInfoResponse {
   container_id: string;
   /** The key's spelling is dstack-shim's (sic). */
   gpus_ids: readonly string[] | null;
+  /** taskshim extension: the container's exit code; null until known, or when it never can be. */
+  exit_code: number | null;
+  /** taskshim extensions: ISO 8601 times; null when not reached yet or unknown. */
+  created_at: string | null;
+  started_at: string | null;
+  finished_at: string | null;
 }
+
+const iso = (ms: number | undefined): string | null => (ms === undefined ? null : new Date(ms).toISOString());
 
 /** The wire view of a task. */
 export function taskInfo(task: Task): TaskInfoResponse {
@@ -29,6 +37,10 @@ export function taskInfo(task: Task): TaskInfoResponse {
     container_name: task.containerName,
     container_id: task.containerId,
     gpus_ids: task.status === "pending" ? null : task.gpuIds,
+    exit_code: task.exitCode ?? null,
+    created_at: iso(task.createdAt),
+    started_at: iso(task.startedAt),
+    finished_at: iso(task.finishedAt),
   };
 }
 

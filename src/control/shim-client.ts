@@ -64,6 +64,11 @@ const TaskInfoSchema = Type.Object({
   container_id: Type.Optional(Type.String()),
   /** The key's spelling is dstack-shim's (sic). */
   gpus_ids: Type.Optional(Type.Union([Type.Array(Type.String()), Type.Null()])),
+  /** taskshim extensions (absent on dstack-shim). */
+  exit_code: Type.Optional(Type.Union([Type.Integer(), Type.Null()])),
+  created_at: Type.Optional(Type.Union([Type.String(), Type.Null()])),
+  started_at: Type.Optional(Type.Union([Type.String(), Type.Null()])),
+  finished_at: Type.Optional(Type.Union([Type.String(), Type.Null()])),
 });
 const InstanceInfoSchema = Type.Object({
   gpu_vendor: Type.Optional(Type.String()),
@@ -176,6 +181,7 @@ export class ShimClient {
     path: string,
     schema: S,
     body?: unknown,
+    timeoutMs = this.timeoutMs,
   ): Promise<S extends TSchema ? Static<S> : string> {
     let response: Response;
     const headers: Record<string, string> = {};
@@ -185,7 +191,7 @@ export class ShimClient {
     try {
       response = await fetch(new URL(path, this.baseUrl), {
         method,
-        signal: AbortSignal.timeout(this.timeoutMs),
+        signal: AbortSignal.timeout(timeoutMs),
         headers,
         ...(body === undefined ? {} : { body: JSON.stringify(body) }),
       });
@@ -253,12 +259,19 @@ export class ShimClient {
     }
   }
 
+  /**
+   * `POST /api/tasks/{id}/terminate`. The shim answers once the container has stopped, which
+   * can take the whole grace period (`timeout` seconds) before the SIGKILL: the request's
+   * deadline is that grace plus the usual deadline.
+   */
   async terminateTask(id: string, reason = "", message = "", timeout = 10): Promise<ShimTaskInfo> {
-    return this.call("POST", `/api/tasks/${encodeURIComponent(id)}/terminate`, TaskInfoSchema, {
-      termination_reason: reason,
-      termination_message: message,
-      timeout,
-    });
+    return this.call(
+      "POST",
+      `/api/tasks/${encodeURIComponent(id)}/terminate`,
+      TaskInfoSchema,
+      { termination_reason: reason, termination_message: message, timeout },
+      timeout * 1000 + this.timeoutMs,
+    );
   }
 
   async removeTask(id: string): Promise<void> {

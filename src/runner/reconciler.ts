@@ -188,14 +188,16 @@ export class Reconciler {
       case "exited":
       case "dead":
       case "removing": {
+        const finishedAt = Date.parse(details.finishedAt);
+        // The container's own finish time: an exit seen only after a shim restart keeps it.
+        const when = Number.isFinite(finishedAt) && finishedAt > 0 ? finishedAt : undefined;
         if (details.exitCode === 0) {
-          await this.finalize(task, "done_by_runner", "", 0);
+          await this.finalize(task, "done_by_runner", "", 0, when);
           return;
         }
         const lines = await docker
           .containerLogTail(details.id, LAST_LOG_LINES, this.ctx.shutdown)
           .catch(() => []);
-        const finishedAt = Date.parse(details.finishedAt);
         // A container that stopped while the engine was down or restarting was most likely
         // stopped by the engine (no live-restore), not by its workload: say so.
         const duringOutage =
@@ -212,7 +214,7 @@ export class Reconciler {
           ...(details.oomKilled ? ["container was OOM-killed"] : []),
         ];
         const message = [...notes, ...lines].join("\n").slice(-4096);
-        await this.finalize(task, "container_exited_with_error", message, details.exitCode);
+        await this.finalize(task, "container_exited_with_error", message, details.exitCode, when);
         return;
       }
     }
@@ -241,6 +243,7 @@ export class Reconciler {
     reason: "executor_error" | "done_by_runner" | "container_exited_with_error",
     message: string,
     exitCode: number | null,
+    finishedAt?: number,
   ): Promise<void> {
     // The terminal status is durable before the release starts: a crash in between re-runs
     // only the (idempotent) release.
@@ -249,6 +252,7 @@ export class Reconciler {
       d.terminationReason = reason;
       d.terminationMessage = message;
       d.exitCode = exitCode;
+      if (finishedAt !== undefined) d.finishedAt = finishedAt;
     });
     this.stats.finalized++;
     this.ctx.observer?.taskFinalized(reason);

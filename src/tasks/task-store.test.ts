@@ -105,6 +105,23 @@ describe("TaskStore.modify: transitions", () => {
     }
   });
 
+  it("stamps the start and finish times once, on the change into running and terminated", () => {
+    const store = storeWith("creating");
+    const before = Date.now();
+    const running = store.modify("t1", (d) => (d.status = "running"));
+    expect(running.startedAt).toBeGreaterThanOrEqual(before);
+    expect(running.finishedAt).toBeUndefined();
+    expect(store.modify("t1", (d) => (d.containerId = "c")).startedAt).toBe(running.startedAt);
+    const done = store.modify("t1", (d) => {
+      d.status = "terminated";
+      d.terminationReason = "done_by_runner";
+    });
+    expect(done.finishedAt).toBeGreaterThanOrEqual(running.startedAt!);
+    // A finish time given by the caller (the container's own) is kept.
+    const other = storeWith("running");
+    expect(other.modify("t1", (d) => ((d.status = "terminated"), (d.finishedAt = 42))).finishedAt).toBe(42);
+  });
+
   it.each(TASK_STATUSES)("allows terminated from %s", (from) => {
     const store = storeWith(from);
     const next = store.modify("t1", (d) => {

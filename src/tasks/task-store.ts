@@ -79,6 +79,11 @@ export class TaskStore {
     if (draft.status !== current.status && !isTransitionAllowed(current.status, draft.status)) {
       throw new TransitionNotAllowedError(current.status, draft.status);
     }
+    // The times of a status change are stamped here, once, whoever made the change.
+    if (draft.status !== current.status) {
+      if (draft.status === "running") draft.startedAt ??= Date.now();
+      if (draft.status === "terminated") draft.finishedAt ??= Date.now();
+    }
     if (current.status === "terminated" && current.terminationReason !== "") {
       draft.terminationReason = current.terminationReason;
       draft.terminationMessage = current.terminationMessage;
