@@ -57,6 +57,8 @@ export const TaskInfo = Type.Object({
   container_name: Type.String(),
   container_id: Type.String(),
   gpus_ids: Type.Union([Type.Array(Type.String()), Type.Null()]),
+  name: Type.String({ description: "taskshim extension: the task's name, as submitted" }),
+  image_name: Type.String({ description: "taskshim extension: the task's image, as submitted" }),
   exit_code: Type.Union([Type.Integer(), Type.Null()], {
     description: "taskshim extension: the container's exit code; null until known, or when it never can be",
   }),

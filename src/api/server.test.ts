@@ -1,3 +1,5 @@
+import { join } from "node:path";
+import { rm } from "node:fs/promises";
 import { readFileSync } from "node:fs";
 import type { InjectOptions, LightMyRequestResponse } from "fastify";
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
@@ -20,6 +22,8 @@ const TASK_INFO_KEYS = [
   "container_id",
   "gpus_ids",
   // taskshim extensions, ignored by dstack's server.
+  "name",
+  "image_name",
   "exit_code",
   "created_at",
   "started_at",
@@ -250,6 +254,32 @@ describe("POST /api/tasks", () => {
     expectTextError(conflict, 409, /^request error: /);
     await env.runner.awaitStarts();
     expect(env.docker.count("createContainer")).toBe(1);
+  });
+
+  it("answers 400 with the path and the fix when the runner binary is missing, unless the task has a command", async () => {
+    const bare = buildTestApi(env, { withoutRunner: true });
+    await rm(join(env.home, "bin", "dstack-runner"), { force: true });
+    try {
+      const body = taskBody();
+      const refused = await bare.inject({ method: "POST", url: "/api/tasks", payload: body });
+      expectTextError(
+        refused,
+        400,
+        new RegExp(
+          `^the runner binary ${join(env.home, "bin", "dstack-runner")} does not exist: install dstack-runner there .*or give the task a command\n$`,
+        ),
+      );
+      expect(env.ctx.store.size).toBe(0);
+      const withCommand = await bare.inject({
+        method: "POST",
+        url: "/api/tasks",
+        payload: { ...taskBody(), command: ["true"] },
+      });
+      expect(withCommand.statusCode).toBe(200);
+      await env.runner.awaitStarts();
+    } finally {
+      await bare.close();
+    }
   });
 
   it("answers with the snake_case task info", async () => {

@@ -215,6 +215,15 @@ export function buildApi(deps: ApiDeps) {
       response: TaskInfo,
       handler: async (request) => {
         const { config, auth } = parseTaskConfig(body(request));
+        // Refused now rather than at container creation (`bind source path does not exist`).
+        const missing =
+          config.command || deps.store.get(config.id) ? undefined : deps.components.missingRunner();
+        if (missing !== undefined) {
+          throw new HttpError(
+            400,
+            `the runner binary ${missing} does not exist: install dstack-runner there (--runner-binary-path, --runner-download-url, POST /api/components/install), or give the task a command`,
+          );
+        }
         return taskInfo(await deps.runner.submit(config, auth));
       },
     },

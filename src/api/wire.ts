@@ -15,6 +15,9 @@ export interface TaskInfoResponse {
   container_id: string;
   /** The key's spelling is dstack-shim's (sic). */
   gpus_ids: readonly string[] | null;
+  /** taskshim extensions: the task's name and image, as submitted. */
+  name: string;
+  image_name: string;
   /** taskshim extension: the container's exit code; null until known, or when it never can be. */
   exit_code: number | null;
   /** taskshim extensions: ISO 8601 times; null when not reached yet or unknown. */
@@ -37,6 +40,8 @@ export function taskInfo(task: Task): TaskInfoResponse {
     container_name: task.containerName,
     container_id: task.containerId,
     gpus_ids: task.status === "pending" ? null : task.gpuIds,
+    name: task.config.name,
+    image_name: task.config.image_name,
     exit_code: task.exitCode ?? null,
     created_at: iso(task.createdAt),
     started_at: iso(task.startedAt),

@@ -115,7 +115,13 @@ export function describeFailure(
     // --help and --version end here with exit code 0; help shown for a missing subcommand, 1.
     if (error.code === "commander.helpDisplayed" || error.code === "commander.version") return { code: 0 };
     if (error.code === "commander.help") return { code: error.exitCode };
-    const message = error.message.replace(/^error: /, "");
+    // commander's `option '--timeout <duration>' argument 'abc' is invalid. <why>` → `--timeout: <why>, got "abc"`.
+    const invalid = /^error: option '(-[^ ,']+)[^']*' argument '(.*)' is invalid\. (.*)$/s.exec(
+      error.message,
+    );
+    const message = invalid
+      ? `${invalid[1]}: ${invalid[3]}, got ${JSON.stringify(invalid[2])}`
+      : error.message.replace(/^error: /, "");
     const help = ["taskshim", ...path, "--help"].join(" ");
     return {
       line: `taskshim: ${serving ? "configuration error: " : ""}${message} (see ${help})`,
@@ -146,9 +152,21 @@ function endQuietlyOnClosedPipe(): void {
 export function main(argv: string[] = process.argv): void {
   endQuietlyOnClosedPipe();
   const program = buildCli();
-  program.parseAsync(argv).catch((error: unknown) => {
-    const { line, code } = describeFailure(error, commandPath(program, argv.slice(2)));
-    if (line !== undefined) process.stderr.write(`${line}\n`);
-    process.exit(code);
+  let settled = false;
+  // A request whose socket went away without an error leaves nothing to wait for: Node would
+  // exit 0 in silence, as if the command had succeeded.
+  process.once("beforeExit", () => {
+    if (settled) return;
+    process.stderr.write("taskshim: the command ended without an answer from the shim\n");
+    process.exit(1);
   });
+  program
+    .parseAsync(argv)
+    .then(() => (settled = true))
+    .catch((error: unknown) => {
+      settled = true;
+      const { line, code } = describeFailure(error, commandPath(program, argv.slice(2)));
+      if (line !== undefined) process.stderr.write(`${line}\n`);
+      process.exit(code);
+    });
 }

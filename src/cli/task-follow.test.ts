@@ -12,6 +12,7 @@ import {
   followStart,
   formatWatchEvent,
   UNREACHABLE_GRACE_MS,
+  waitTerminated,
   watchTasks,
   type LoopClock,
   type WatchEvent,
@@ -112,6 +113,23 @@ describe("followStart", () => {
         "task t1 is still pulling after 5 s; it keeps going (see taskshim tasks get t1)",
       ),
     );
+  });
+});
+
+describe("waitTerminated", () => {
+  it("waits through running and a shim restart until terminated", async () => {
+    const down = new ShimUnreachableError("connect ECONNREFUSED");
+    const client = scripted([info("running"), down, info("running"), info("terminated", "done_by_runner")]);
+    const final = await waitTerminated(client, "t1", { timeoutMs: 0, pollMs: 100, clock: fakeClock() });
+    expect(final.termination_reason).toBe("done_by_runner");
+    expect(client.calls()).toBe(4);
+  });
+
+  it("gives up at its timeout, naming the status", async () => {
+    const client = scripted([info("running")]);
+    await expect(
+      waitTerminated(client, "t1", { timeoutMs: 2_000, pollMs: 250, clock: fakeClock() }),
+    ).rejects.toThrow("task t1 is still running after 2 s");
   });
 });
 

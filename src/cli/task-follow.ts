@@ -180,3 +180,43 @@ export async function watchTasks(
     }
   }
 }
+
+/** Options of {@link waitTerminated}. */
+export interface WaitOptions {
+  /** Give up after this long (0 = never). */
+  readonly timeoutMs: number;
+  readonly pollMs: number;
+  readonly clock?: LoopClock;
+}
+
+/**
+ * Waits until a task is `terminated` and returns it (`tasks wait`, and `terminate` until the
+ * stop is really over). A shim restart in between is waited out as in {@link followStart}.
+ */
+export async function waitTerminated(
+  client: Pick<ShimClient, "getTask">,
+  id: string,
+  options: WaitOptions,
+): Promise<ShimTaskInfo> {
+  const clock = options.clock ?? REAL_CLOCK;
+  const deadline = options.timeoutMs > 0 ? clock.now() + options.timeoutMs : Number.POSITIVE_INFINITY;
+  let unreachableSince: number | undefined;
+  let last: ShimTaskInfo | undefined;
+  for (;;) {
+    try {
+      last = await client.getTask(id);
+      unreachableSince = undefined;
+      if (last.status === "terminated") return last;
+    } catch (error) {
+      if (!(error instanceof ShimUnreachableError)) throw error;
+      unreachableSince ??= clock.now();
+      if (clock.now() - unreachableSince > UNREACHABLE_GRACE_MS) throw error;
+    }
+    if (clock.now() >= deadline) {
+      throw new FollowTimeoutError(
+        `task ${id} is still ${last?.status ?? "unknown"} after ${Math.round(options.timeoutMs / 1000)} s`,
+      );
+    }
+    await clock.sleep(Math.min(options.pollMs, Math.max(0, deadline - clock.now())));
+  }
+}

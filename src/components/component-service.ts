@@ -1,5 +1,5 @@
 import { createHash } from "node:crypto";
-import { createReadStream } from "node:fs";
+import { createReadStream, existsSync } from "node:fs";
 import { chmod, open, rename, stat, unlink } from "node:fs/promises";
 import { basename, dirname, join } from "node:path";
 import { Readable } from "node:stream";
@@ -77,6 +77,15 @@ export class ComponentService {
       for (const slot of Object.values(this.slots)) if (slot.status !== "installing") await this.check(slot);
     })();
     return this.checked;
+  }
+
+  /**
+   * The runner binary's path when it is missing and no install of it is under way: a task
+   * without `command` cannot start then (its container bind-mounts the binary).
+   */
+  missingRunner(): string | undefined {
+    const slot = this.slots["dstack-runner"];
+    return slot.status === "installing" || existsSync(slot.path) ? undefined : slot.path;
   }
 
   /** Both components, runner first, as last checked. */

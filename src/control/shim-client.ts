@@ -65,6 +65,8 @@ const TaskInfoSchema = Type.Object({
   /** The key's spelling is dstack-shim's (sic). */
   gpus_ids: Type.Optional(Type.Union([Type.Array(Type.String()), Type.Null()])),
   /** taskshim extensions (absent on dstack-shim). */
+  name: Type.Optional(Type.String()),
+  image_name: Type.Optional(Type.String()),
   exit_code: Type.Optional(Type.Union([Type.Integer(), Type.Null()])),
   created_at: Type.Optional(Type.Union([Type.String(), Type.Null()])),
   started_at: Type.Optional(Type.Union([Type.String(), Type.Null()])),
