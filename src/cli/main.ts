@@ -4,7 +4,8 @@ import { formatUpgradeTable, upgradeFleet } from "../control/upgrade.js";
 import { ConfigError, resolveShimConfig, SERVE_SETTINGS, type ServeFlags } from "../config/shim-config.js";
 import { VERSION } from "../version.js";
 import { addClientCommands } from "./client-commands.js";
-import { supervise } from "./supervise.js";
+import { durationFlag } from "./durations.js";
+import { EXIT_CONFIG, supervise } from "./supervise.js";
 
 /** The path of this shim's own executable: the SEA binary, or the bundle run by node. */
 function ownBinaryPath(): string {
@@ -44,19 +45,43 @@ export function buildCli(): Command {
   program
     .command("supervise")
     .description(
-      "keep `taskshim serve` running without systemd: restart at once after a handoff (exit 0), later after a crash",
+      "keep `taskshim serve` running without systemd: restart at once after a handoff (exit 0), with a backoff after a crash, never after a configuration error (exit 78)",
     )
     .option("--binary <path>", "the shim binary to run (default: this one); an install replaces it")
-    .option("--crash-delay <ms>", "delay before restarting after a crash", "3000")
-    .option("--handoff-delay <ms>", "delay before restarting after exit 0", "100")
+    .option(
+      "--crash-delay <duration>",
+      "first delay before a restart after a crash, doubled per crash",
+      durationFlag(0, 3_600_000),
+      3_000,
+    )
+    .option(
+      "--max-crash-delay <duration>",
+      "the longest delay between crash restarts",
+      durationFlag(0, 86_400_000),
+      60_000,
+    )
+    .option(
+      "--stable-after <duration>",
+      "a run this long resets the crash backoff",
+      durationFlag(0, 86_400_000),
+      60_000,
+    )
+    .option(
+      "--handoff-delay <duration>",
+      "delay before restarting after exit 0",
+      durationFlag(0, 3_600_000),
+      100,
+    )
     .argument("[serve-args...]", "arguments for `serve` (after --)")
     .passThroughOptions()
     .action(async (serveArgs, options) => {
       const code = await supervise({
         binary: options.binary ?? ownBinaryPath(),
         serveArgs,
-        crashDelayMs: Number(options.crashDelay),
-        handoffDelayMs: Number(options.handoffDelay),
+        crashDelayMs: options.crashDelay,
+        maxCrashDelayMs: Math.max(options.maxCrashDelay, options.crashDelay),
+        stableAfterMs: options.stableAfter,
+        handoffDelayMs: options.handoffDelay,
       });
       process.exit(code);
     });
@@ -88,8 +113,7 @@ export function buildCli(): Command {
   return program;
 }
 
-/** sysexits' EX_CONFIG: `serve` cannot run with this configuration; `supervise` stops restarting. */
-export const EXIT_CONFIG = 78;
+export { EXIT_CONFIG };
 
 /** The command words of argv (`tasks get`), for the `--help` hint of a usage error. */
 function commandPath(program: Command, args: readonly string[]): string[] {
