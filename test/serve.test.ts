@@ -93,6 +93,37 @@ describe("taskshim serve", () => {
     ]);
   });
 
+  it("logs ISO times, a serving line with address, home, engine and version, and an expected failure once without a stack", async () => {
+    const shim = await start();
+    const lines = () =>
+      shim.logs
+        .split("\n")
+        .filter((l) => l.startsWith("{"))
+        .map((l) => JSON.parse(l) as Record<string, unknown>);
+    const serving = lines().find((l) => l.msg === "taskshim serving");
+    expect(serving).toMatchObject({
+      address: shim.url,
+      home: shim.home,
+      engine: process.env.DOCKER_HOST ?? "unix:///var/run/docker.sock",
+      version: expect.stringMatching(/^\d+\.\d+\.\d+/) as unknown,
+    });
+    expect(serving?.time).toMatch(/^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$/);
+
+    // The engine refuses a 1 KiB memory limit: a user's mistake, not the shim's.
+    const cfg = { ...task(["true"]), memory: 1024 };
+    await shim.submit(cfg);
+    const done = await shim.waitTerminated(cfg.id);
+    expect(done.termination_reason).toBe("creating_container_error");
+    const failure = lines().find((l) => l.msg === "task failed to start" && l.taskId === cfg.id);
+    expect(failure).toMatchObject({ level: 40 });
+    expect(JSON.stringify(failure)).not.toContain("stack");
+    const text = String(failure?.error);
+    const phrase = /Minimum memory limit[^:]*/.exec(text)?.[0] ?? "";
+    expect(phrase).not.toBe("");
+    expect(text.split(phrase)).toHaveLength(2);
+    await shim.remove(cfg.id);
+  });
+
   it("never runs two shims on one home", async () => {
     const first = await start();
     const second = await start({ home: first.home, waitReady: false });

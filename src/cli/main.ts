@@ -177,10 +177,12 @@ export function main(argv: string[] = process.argv): void {
   endQuietlyOnClosedPipe();
   const program = buildCli();
   let settled = false;
-  // A request whose socket went away without an error leaves nothing to wait for: Node would
-  // exit 0 in silence, as if the command had succeeded.
+  const path = commandPath(program, argv.slice(2));
+  // A client request whose socket went away without an error leaves nothing to wait for: Node
+  // would exit 0 in silence, as if the command had succeeded. (`serve` ends by emptying its
+  // event loop on purpose.)
   process.once("beforeExit", () => {
-    if (settled) return;
+    if (settled || (path[0] !== "status" && path[0] !== "tasks")) return;
     process.stderr.write("taskshim: the command ended without an answer from the shim\n");
     process.exit(1);
   });
@@ -189,7 +191,7 @@ export function main(argv: string[] = process.argv): void {
     .then(() => (settled = true))
     .catch((error: unknown) => {
       settled = true;
-      const { line, code } = describeFailure(error, commandPath(program, argv.slice(2)));
+      const { line, code } = describeFailure(error, path);
       if (line !== undefined) process.stderr.write(`${line}\n`);
       process.exit(code);
     });

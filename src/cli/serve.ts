@@ -39,7 +39,13 @@ const REDACT = [
 
 function createLogger(config: ShimConfig): Logger {
   return pino(
-    { level: config.logLevel, base: { pid: process.pid }, redact: { paths: REDACT, censor: "[redacted]" } },
+    {
+      level: config.logLevel,
+      base: { pid: process.pid },
+      // ISO 8601, readable by a person and by every log shipper (epoch ms are neither).
+      timestamp: pino.stdTimeFunctions.isoTime,
+      redact: { paths: REDACT, censor: "[redacted]" },
+    },
     pino.multistream([
       { level: config.logLevel, stream: process.stdout },
       {
@@ -234,7 +240,15 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
     }
     const address = `http://${config.httpAddress}:${config.httpPort}`;
     log.info(
-      { address, version: VERSION, tasks: report.restored, gpus: inventory.gpus.length },
+      {
+        address,
+        home: config.home,
+        engine: process.env.DOCKER_HOST ?? "unix:///var/run/docker.sock",
+        version: VERSION,
+        node: process.version,
+        tasks: report.restored,
+        gpus: inventory.gpus.length,
+      },
       "taskshim serving",
     );
 

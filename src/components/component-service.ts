@@ -7,6 +7,7 @@ import type { Logger } from "pino";
 import { OperationBound } from "../exec/operation-bound.js";
 import type { CommandRunner } from "../exec/run-bounded.js";
 import { syncDirectory } from "../state/durable-write.js";
+import { logExpected } from "../logging/log-fields.js";
 
 /** The component names of the wire contract. */
 export type ComponentName = "dstack-runner" | "dstack-shim";
@@ -140,7 +141,7 @@ export class ComponentService {
     )
       .catch((error: unknown) => {
         slot.status = "error";
-        this.log.error({ component: name, err: error }, "component install failed");
+        logExpected(this.log, "error", { component: name }, error, "component install failed");
       })
       .finally(() => this.installs.delete(job));
     this.installs.add(job);

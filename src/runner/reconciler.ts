@@ -4,6 +4,7 @@ import type { ContainerState, TaskContainerSummary } from "../docker/docker-clie
 import type { Task } from "../tasks/task.js";
 import { LAST_LOG_LINES, type RunnerContext } from "./runner-context.js";
 import type { TaskRunner } from "./task-runner.js";
+import { logExpected } from "../logging/log-fields.js";
 
 /**
  * How often the safety-net list starts (fixed rate: a slow tick does not push the next one
@@ -143,7 +144,7 @@ export class Reconciler {
     this.ctx.observer?.engineSeen(false);
     this.lastProbeAt = Date.now();
     if (this.health.state !== "down") {
-      this.ctx.log.error({ err: error }, "docker engine unreachable; tasks keep their status");
+      logExpected(this.ctx.log, "error", {}, error, "docker engine unreachable; tasks keep their status");
       this.health = { state: "down", since: Date.now(), error: error.message };
     }
   }
@@ -162,7 +163,7 @@ export class Reconciler {
       if (task.status === "running") await this.processRunning(task, suspect ? undefined : listed?.state);
       else if (task.status === "terminated" && !task.cleanedUp) await this.processTerminated(task, listed);
     } catch (error) {
-      log.warn({ taskId: id, err: error }, "reconcile of task failed; retrying next tick");
+      logExpected(log, "warn", { taskId: id }, error, "reconcile of task failed; retrying next tick");
     } finally {
       unlock();
     }

@@ -22,6 +22,7 @@ import { IMAGE_PULL_TIMEOUT_MS, LAST_LOG_LINES, type RunnerContext } from "./run
 import { failpoint } from "./failpoints.js";
 import { deleteRegistryAuth, readRegistryAuth, writeRegistryAuth } from "./registry-auth-file.js";
 import { TaskPersister } from "./task-persister.js";
+import { logExpected } from "../logging/log-fields.js";
 
 /** A submit reused an id with a different config. */
 export class TaskConflictError extends Error {
@@ -199,7 +200,7 @@ export class TaskRunner {
       } else {
         const reason = error instanceof StartStepError ? error.reason : "executor_error";
         const message = (error as Error).message;
-        log.warn({ taskId: id, reason, err: error }, "task failed to start");
+        logExpected(log, "warn", { taskId: id, reason }, error, "task failed to start");
         if (store.get(id)?.status !== "terminated") this.ctx.observer?.taskFinalized(reason);
         await this.commit(id, (d) => {
           d.status = "terminated";
