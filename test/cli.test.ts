@@ -591,6 +591,26 @@ describe("taskshim tasks submit: pull progress from a registry", () => {
   });
 
   const hasScript = spawnSync("script", ["--version"]).status === 0;
+
+  /** Runs argv under util-linux `script`: a pseudo-terminal, so process.stdout.isTTY is true. */
+  function underTerminal(argv: readonly string[]): Promise<CliResult> {
+    const command = argv.map(shellQuote).join(" ");
+    return new Promise<CliResult>((resolve, reject) => {
+      const child = spawn("script", ["-qfec", command, "/dev/null"], { stdio: ["pipe", "pipe", "pipe"] });
+      let stdout = "";
+      child.stdout.on("data", (chunk: Buffer) => (stdout += chunk.toString("utf8")));
+      child.once("error", reject);
+      child.once("close", (code) => resolve({ code, stdout, stderr: "" }));
+      child.stdin.end();
+    });
+  }
+
+  /** The bar redraws of a terminal transcript: the text between clears that holds a percentage. */
+  const barFrames = (transcript: string): string[] =>
+    transcript
+      .split("\r\x1b[K")
+      .map((f) => f.split(/\r?\n/)[0] ?? "")
+      .filter((f) => /^(\[[#-]+\] )? *\d+% /.test(f));
   it.skipIf(!hasScript)("draws a progress bar on a terminal", async () => {
     const { id, name } = newTask("tty");
     const image = await pushedImage("cli/tty");
@@ -603,21 +623,41 @@ describe("taskshim tasks submit: pull progress from a registry", () => {
       shim.url,
       ...privateSleepTask(id, name, image),
     ];
-    const command = argv.map(shellQuote).join(" ");
-    // util-linux `script` gives the CLI a pseudo-terminal, so process.stdout.isTTY is true.
-    const result = await new Promise<CliResult>((resolve, reject) => {
-      const child = spawn("script", ["-qfec", command, "/dev/null"], { stdio: ["pipe", "pipe", "pipe"] });
-      let stdout = "";
-      child.stdout.on("data", (chunk: Buffer) => (stdout += chunk.toString("utf8")));
-      child.once("error", reject);
-      child.once("close", (code) => resolve({ code, stdout, stderr: "" }));
-      child.stdin.end();
-    });
+    const result = await underTerminal(argv);
     expect(result.code, result.stdout).toBe(0);
     expect(result.stdout).toContain("\r\x1b[K");
     expect(result.stdout).toMatch(/\[[#-]+\] +\d+% (pulling|extracting) /);
     expect(result.stdout).toMatch(new RegExp(String.raw`\r\x1b\[Kpulled [\d.]+ (kB|MB)\r?\n`));
     expect(result.stdout).toMatch(new RegExp(`running: task ${id} `));
+    // Every redraw of the bar has the same width.
+    const bars = barFrames(result.stdout);
+    expect(bars.length).toBeGreaterThan(0);
+    expect(new Set(bars.map((f) => f.length)).size).toBe(1);
+  });
+
+  it.skipIf(!hasScript)("clears the bar of a failed pull from the terminal", async () => {
+    const { id, name } = newTask("tty-fail");
+    const image = await pushedImage("cli/tty-fail");
+    const args = privateSleepTask(id, name, image);
+    args[args.indexOf("--registry-password") + 1] = "wrong-password-0000";
+    const result = await underTerminal([
+      process.execPath,
+      SHIM_BUNDLE,
+      "tasks",
+      "submit",
+      "--shim",
+      shim.url,
+      ...args,
+    ]);
+    expect(result.code).toBe(1);
+    expect(result.stdout).toMatch(/terminated: creating_container_error/);
+    // The bar drawn while the pull was tried is cleared (\r ESC[K) before the next line is written:
+    // what follows the last bar frame starts with the clear, not with a newline.
+    const lastBar = result.stdout.lastIndexOf("%");
+    expect(lastBar).toBeGreaterThan(0);
+    const after = result.stdout.slice(lastBar);
+    expect(after.indexOf("\r\x1b[K")).toBeGreaterThanOrEqual(0);
+    expect(after.slice(0, after.indexOf("\r\x1b[K"))).not.toContain("\n");
   });
 });
 
@@ -679,6 +719,16 @@ describe("taskshim tasks watch", () => {
       }),
     );
     expect(mine.at(-1)).toMatchObject({ kind: "removed", from: "terminated", to: null });
+    // The event stream reports every status, however short (a 1 s poll used to skip some).
+    expect(mine.map((e) => e.to)).toEqual([
+      "pending",
+      "preparing",
+      "pulling",
+      "creating",
+      "running",
+      "terminated",
+      null,
+    ]);
     // Each event of the task follows the one before it.
     for (let i = 1; i < mine.length; i++) expect(mine[i]?.from).toBe(mine[i - 1]?.to);
 

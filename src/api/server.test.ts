@@ -438,3 +438,57 @@ describe("components", () => {
     ]);
   });
 });
+
+describe("GET /api/events (taskshim extension)", () => {
+  it("streams the tasks present, then every status change as NDJSON, and ends when the server closes", async () => {
+    const seeded = await env.seedTask();
+    await app.listen({ host: "127.0.0.1", port: 0 });
+    const { port } = app.server.address() as { port: number };
+    const response = await fetch(`http://127.0.0.1:${port}/api/events`);
+    expect(response.headers.get("content-type")).toBe("application/x-ndjson; charset=utf-8");
+    const reader = response.body!.pipeThrough(new TextDecoderStream()).getReader();
+    let text = "";
+    const lines = async (n: number): Promise<Record<string, unknown>[]> => {
+      while (text.split("\n").length <= n) {
+        const { value, done } = await reader.read();
+        if (done) break;
+        text += value;
+      }
+      return text
+        .split("\n")
+        .filter(Boolean)
+        .map((l) => JSON.parse(l) as Record<string, unknown>);
+    };
+    expect((await lines(1))[0]).toMatchObject({
+      kind: "present",
+      id: seeded.task.id,
+      from: null,
+      to: "running",
+    });
+
+    // A task that goes through pending, preparing, pulling, creating, running and ends at once:
+    // each status is in the stream, however short it lasted.
+    const body = taskBody();
+    const taskId = String(body.id);
+    expect((await post("/api/tasks", body)).statusCode).toBe(200);
+    await env.runner.awaitStarts();
+    expect(
+      (await post(`/api/tasks/${taskId}/terminate`, { termination_reason: "terminated_by_user" })).statusCode,
+    ).toBe(200);
+    const mine = (await lines(7)).filter((e) => e.id === taskId);
+    expect(mine.map((e) => `${String(e.from)}>${String(e.to)}`)).toEqual([
+      "null>pending",
+      "pending>preparing",
+      "preparing>pulling",
+      "pulling>creating",
+      "creating>running",
+      "running>terminated",
+    ]);
+    expect(mine.at(-1)).toMatchObject({ kind: "changed", termination_reason: "terminated_by_user" });
+    expect(String(mine[0]?.time)).toMatch(/^\d{4}-\d\d-\d\dT/);
+
+    await app.close();
+    // The stream ends with the server instead of holding its close up.
+    for (;;) if ((await reader.read()).done) break;
+  });
+});

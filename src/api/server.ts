@@ -1,4 +1,5 @@
 import { createHash, timingSafeEqual } from "node:crypto";
+import { PassThrough } from "node:stream";
 import Fastify, { LogController, type FastifyReply, type FastifyRequest, type HTTPMethods } from "fastify";
 import type { Static, TSchema } from "typebox";
 import type { Logger } from "pino";
@@ -31,7 +32,7 @@ import {
   TaskList,
   TerminateBody,
 } from "./schemas.js";
-import { taskInfo, taskInfoJson } from "./wire.js";
+import { taskEvent, taskInfo, taskInfoJson } from "./wire.js";
 
 /** What the HTTP edge needs from the rest of the shim. */
 export interface ApiDeps {
@@ -50,6 +51,9 @@ export interface ApiDeps {
   /** Starts a graceful (or forced) shutdown; the process exits 0 once it is done. */
   requestShutdown(force: boolean): void;
 }
+
+/** An events follower further behind than this is cut off (it reconnects and gets a fresh snapshot). */
+const MAX_EVENT_BACKLOG_BYTES = 1024 * 1024;
 
 const ALL_METHODS: HTTPMethods[] = ["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"];
 const MAX_LOG_TAIL = 10_000;
@@ -128,6 +132,13 @@ export function buildApi(deps: ApiDeps) {
   });
   app.addHook("onRequest", async (_request, reply) => {
     if (closing) await sendText(reply.header("connection", "close"), 503, "shutting down");
+  });
+
+  // Open event streams end when the server closes, or its close would wait for them forever.
+  const eventStreams = new Set<PassThrough>();
+  app.addHook("preClose", (done) => {
+    for (const stream of eventStreams) stream.end();
+    done();
   });
 
   const id = (request: FastifyRequest): string => (request.params as { id: string }).id;
@@ -235,6 +246,34 @@ export function buildApi(deps: ApiDeps) {
       handler: (request, reply) => {
         const task = deps.store.get(id(request));
         return task ? sendJson(reply, taskInfoJson(task)) : sendText(reply, 404, "Not Found");
+      },
+    },
+    {
+      method: "GET",
+      url: "/api/events",
+      summary:
+        "taskshim extension: task status changes as they happen, as newline-delimited JSON: first every task present, then each addition, status change and removal",
+      handler: (_request, reply) => {
+        const stream = new PassThrough();
+        const send = (event: ReturnType<typeof taskEvent>): void => {
+          if (stream.writableLength > MAX_EVENT_BACKLOG_BYTES) stream.end();
+          else if (!stream.writableEnded) stream.write(`${JSON.stringify(event)}\n`);
+        };
+        for (const task of deps.store.list()) send(taskEvent({ kind: "present", task }));
+        // Synchronous with the store's change: no status is ever skipped, however short.
+        const unwatch = deps.store.watch((change) => send(taskEvent(change)));
+        eventStreams.add(stream);
+        const stop = (): void => {
+          unwatch();
+          eventStreams.delete(stream);
+          if (!stream.writableEnded) stream.end();
+        };
+        reply.raw.once("close", stop);
+        stream.once("close", stop);
+        return reply
+          .header("content-type", "application/x-ndjson; charset=utf-8")
+          .header("cache-control", "no-store")
+          .send(stream);
       },
     },
     {

@@ -19,9 +19,11 @@ import { resolveTask, TaskLookupError } from "./task-lookup.js";
 import {
   FollowTimeoutError,
   followStart,
+  followEvents,
   formatWatchEvent,
   waitTerminated,
   watchTasks,
+  type WatchEvent,
 } from "./task-follow.js";
 import {
   countByStatus,
@@ -533,30 +535,46 @@ function addTaskCommands(tasks: Command): void {
 
   tasks
     .command("watch")
-    .description("print task status changes as they happen, until Ctrl-C")
+    .description(
+      "print task status changes as they happen (the shim's event stream; every status, however short), until Ctrl-C",
+    )
     .option("--once", "print the current tasks and exit")
     .option("--timeout <duration>", "exit after this long, like 30s (0 = never)", durationFlag(), 0)
-    .option("--interval <duration>", "poll interval, like 1s or 500ms", durationFlag(10), 1_000)
+    .option(
+      "--interval <duration>",
+      "poll interval for a shim without the event stream (dstack-shim), like 1s",
+      durationFlag(10),
+      1_000,
+    )
     .addOption(shimOption())
     .addOption(tokenOption())
     .addOption(new Option("--json", "print one JSON object per event (NDJSON)"))
     .action(async (options) =>
       run(options, async (client) => {
-        await watchTasks(
-          client,
-          (event) => print(options.json ? JSON.stringify(event) : formatWatchEvent(event)),
-          {
+        const emit = (event: WatchEvent): void =>
+          print(options.json ? JSON.stringify(event) : formatWatchEvent(event));
+        const onReachability = (reachable: boolean, error?: Error): void => {
+          process.stderr.write(
+            reachable
+              ? "taskshim: shim reachable again\n"
+              : `taskshim: ${describeClientError(error, options.shim)}; retrying\n`,
+          );
+        };
+        const poll = (): Promise<void> =>
+          watchTasks(client, emit, {
             intervalMs: options.interval,
             once: options.once === true,
             timeoutMs: options.timeout,
-            onReachability: (reachable, error) =>
-              process.stderr.write(
-                reachable
-                  ? "taskshim: shim reachable again\n"
-                  : `taskshim: ${describeClientError(error, options.shim)}; retrying\n`,
-              ),
-          },
-        );
+            onReachability,
+          });
+        if (options.once) return poll();
+        try {
+          await followEvents(client, emit, { timeoutMs: options.timeout, retryMs: 1_000, onReachability });
+        } catch (error) {
+          // dstack-shim (or an older taskshim) has no event stream: poll the task list instead.
+          if (error instanceof ShimHttpError && (error.status === 404 || error.status === 405)) return poll();
+          throw error;
+        }
       }),
     );
 }

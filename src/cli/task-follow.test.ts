@@ -1,5 +1,6 @@
 import { describe, expect, it } from "vitest";
 import {
+  type ShimTaskEvent,
   ShimHttpError,
   ShimProtocolError,
   ShimUnreachableError,
@@ -12,6 +13,7 @@ import {
   followStart,
   formatWatchEvent,
   UNREACHABLE_GRACE_MS,
+  followEvents,
   waitTerminated,
   watchTasks,
   type LoopClock,
@@ -276,5 +278,86 @@ describe("watchTasks", () => {
     });
     expect(reachability).toEqual([false, true]);
     expect(events.map((e) => e.kind)).toEqual(["added"]);
+  });
+});
+
+describe("followEvents", () => {
+  const ev = (
+    kind: ShimTaskEvent["kind"],
+    id: string,
+    from: TaskStatus | null,
+    to: TaskStatus | null,
+  ): ShimTaskEvent => ({
+    time: "2025-01-01T00:00:00.000Z",
+    kind,
+    id,
+    from,
+    to,
+  });
+
+  /** Each call of events() plays the next connection: its events, then an error or a clean end. */
+  function connections(plays: readonly (readonly (ShimTaskEvent | Error)[])[]) {
+    let n = 0;
+    return {
+      events: async function* (signal: AbortSignal): AsyncGenerator<ShimTaskEvent> {
+        const play = plays[n++];
+        if (!play) {
+          // No more connections scripted: wait until the follower is stopped.
+          await new Promise((resolve) => signal.addEventListener("abort", resolve));
+          return;
+        }
+        for (const item of play) {
+          if (item instanceof Error) throw item;
+          yield await Promise.resolve(item);
+        }
+      },
+    };
+  }
+
+  it("emits every event as it comes, and after a reconnect only what changed meanwhile", async () => {
+    const down = new ShimUnreachableError("read ECONNRESET");
+    const client = connections([
+      [
+        ev("present", "a", null, "running"),
+        ev("present", "b", null, "running"),
+        ev("added", "c", null, "pending"),
+        ev("changed", "c", "pending", "preparing"),
+        down,
+      ],
+      [down],
+      // After the restart: a unchanged, b terminated meanwhile, c gone, d new.
+      [
+        ev("present", "a", null, "running"),
+        ev("present", "b", null, "terminated"),
+        ev("present", "d", null, "running"),
+        ev("changed", "a", "running", "terminated"),
+      ],
+    ]);
+    const seen: WatchEvent[] = [];
+    const reach: boolean[] = [];
+    await followEvents(client, (e) => seen.push(e), {
+      timeoutMs: 200,
+      retryMs: 1,
+      clock: fakeClock(),
+      onReachability: (r) => reach.push(r),
+    });
+    expect(seen.map((e) => `${e.kind} ${e.id} ${String(e.from)}>${String(e.to)}`)).toEqual([
+      "present a null>running",
+      "present b null>running",
+      "added c null>pending",
+      "changed c pending>preparing",
+      "changed b running>terminated",
+      "added d null>running",
+      "removed c preparing>null",
+      "changed a running>terminated",
+    ]);
+    expect(reach).toEqual([false, true]);
+  });
+
+  it("fails at once when the first connection fails (an older shim answers 404)", async () => {
+    const client = connections([[new ShimHttpError(404, "404 page not found\n", "/api/events")]]);
+    await expect(
+      followEvents(client, () => undefined, { timeoutMs: 0, retryMs: 1, clock: fakeClock() }),
+    ).rejects.toThrow(ShimHttpError);
   });
 });

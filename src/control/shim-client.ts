@@ -72,6 +72,20 @@ const TaskInfoSchema = Type.Object({
   started_at: Type.Optional(Type.Union([Type.String(), Type.Null()])),
   finished_at: Type.Optional(Type.Union([Type.String(), Type.Null()])),
 });
+const TaskEventSchema = Type.Object({
+  time: Type.String(),
+  kind: Type.Union([
+    Type.Literal("present"),
+    Type.Literal("added"),
+    Type.Literal("changed"),
+    Type.Literal("removed"),
+  ]),
+  id: Type.String(),
+  from: Type.Union([Status, Type.Null()]),
+  to: Type.Union([Status, Type.Null()]),
+  termination_reason: Type.Optional(Type.String()),
+  exit_code: Type.Optional(Type.Union([Type.Integer(), Type.Null()])),
+});
 const InstanceInfoSchema = Type.Object({
   gpu_vendor: Type.Optional(Type.String()),
   gpu_driver_version: Type.Optional(Type.String()),
@@ -95,6 +109,8 @@ const ComponentsSchema = Type.Object({
 export type Healthcheck = Static<typeof HealthcheckSchema>;
 /** `GET /api/tasks/{id}` (the fields the control plane reads). */
 export type ShimTaskInfo = Static<typeof TaskInfoSchema>;
+/** One line of the taskshim extension `GET /api/events`. */
+export type ShimTaskEvent = Static<typeof TaskEventSchema>;
 /** One entry of `GET /api/components`. */
 export type ShimComponent = Static<typeof ComponentsSchema>["components"][number];
 /** `GET /api/instance/info`: the first GPU's vendor and driver, or `{}` without GPUs. */
@@ -283,6 +299,68 @@ export class ShimClient {
   /** taskshim extension `GET /api/tasks/{id}/logs?tail=N`: the container's last lines, as text. */
   async logs(id: string, tail = 100): Promise<string> {
     return this.call("GET", `/api/tasks/${encodeURIComponent(id)}/logs?tail=${tail}`, undefined);
+  }
+
+  /**
+   * taskshim extension `GET /api/events`: the tasks present, then every change as it happens,
+   * until `signal` aborts (the generator then just returns) or the connection ends (the
+   * generator returns; a dropped connection throws {@link ShimUnreachableError}). The usual
+   * deadline covers the wait for the answer's headers only.
+   */
+  async *events(signal: AbortSignal): AsyncGenerator<ShimTaskEvent> {
+    const path = "/api/events";
+    const headers: Record<string, string> = {};
+    if (this.options.authToken !== undefined) headers.authorization = `Bearer ${this.options.authToken}`;
+    const connect = new AbortController();
+    const timer = setTimeout(
+      () => connect.abort(new DOMException("deadline", "TimeoutError")),
+      this.timeoutMs,
+    );
+    const both = AbortSignal.any([signal, connect.signal]);
+    let response: Response;
+    try {
+      response = await fetch(new URL(path, this.baseUrl), { signal: both, headers });
+    } catch (cause) {
+      if (signal.aborted) return;
+      throw new ShimUnreachableError(
+        `${this.baseUrl}${path}: ${fetchFailure(connect.signal.reason ?? cause)}`,
+        { cause },
+      );
+    } finally {
+      clearTimeout(timer);
+    }
+    if (!response.ok) throw new ShimHttpError(response.status, await response.text().catch(() => ""), path);
+    if (!response.body) return;
+    const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+    let buffer = "";
+    try {
+      for (;;) {
+        let chunk: Awaited<ReturnType<typeof reader.read>>;
+        try {
+          chunk = await reader.read();
+        } catch (cause) {
+          if (signal.aborted) return;
+          throw new ShimUnreachableError(`${this.baseUrl}${path}: ${fetchFailure(cause)}`, { cause });
+        }
+        if (chunk.done) return;
+        buffer += chunk.value;
+        for (let end = buffer.indexOf("\n"); end !== -1; end = buffer.indexOf("\n")) {
+          const line = buffer.slice(0, end).trim();
+          buffer = buffer.slice(end + 1);
+          if (line === "") continue;
+          let json: unknown;
+          try {
+            json = JSON.parse(line);
+          } catch (cause) {
+            throw new ShimProtocolError(`${path}: a line is not JSON`, { cause });
+          }
+          if (!Value.Check(TaskEventSchema, json)) throw new ShimProtocolError(`${path}: unexpected event`);
+          yield json;
+        }
+      }
+    } finally {
+      await reader.cancel().catch(() => undefined);
+    }
   }
 
   /** `GET /api/instance/info`. */

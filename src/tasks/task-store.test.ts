@@ -75,6 +75,29 @@ describe("TaskStore: add, get, list, delete", () => {
   });
 });
 
+describe("TaskStore.watch", () => {
+  it("reports every addition, status change and removal in order, and nothing else", () => {
+    const store = new TaskStore();
+    const seen: string[] = [];
+    const stop = store.watch((c) =>
+      seen.push(`${c.kind}:${c.task.id}:${c.kind === "changed" ? c.from : ""}>${c.task.status}`),
+    );
+    store.add(makeTask("w1"));
+    store.modify("w1", (d) => (d.status = "preparing"));
+    store.modify("w1", (d) => (d.containerId = "c"));
+    store.modify("w1", (d) => ((d.status = "terminated"), (d.terminationReason = "terminated_by_user")));
+    store.delete("w1");
+    stop();
+    store.add(makeTask("w2"));
+    expect(seen).toEqual([
+      "added:w1:>pending",
+      "changed:w1:pending>preparing",
+      "changed:w1:preparing>terminated",
+      "removed:w1:>terminated",
+    ]);
+  });
+});
+
 describe("TaskStore.generation", () => {
   it("changes with every add, modify and delete, and only then", () => {
     const store = new TaskStore();
