@@ -2,6 +2,8 @@ import { join } from "node:path";
 import { rm } from "node:fs/promises";
 import { readFileSync } from "node:fs";
 import type { InjectOptions, LightMyRequestResponse } from "fastify";
+import { VERSION } from "../version.js";
+import { ShimMetrics } from "./metrics.js";
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
 import { FakeCommandRunner, makeContext, taskBody, type TestEnv } from "../runner/test-support.js";
 import type { buildApi } from "./server.js";
@@ -99,6 +101,29 @@ describe("GET endpoints", () => {
     expect(res.body).toContain('taskshim_tasks{status="running"} 1');
     expect(res.body).toContain('taskshim_tasks{status="pending"} 0');
     expect(res.body).not.toContain(id);
+  });
+
+  it("serves build info, the process start time as the restart signal, and no blank line", async () => {
+    const res = await app.inject({ method: "GET", url: "/metrics" });
+    expect(res.body).toContain(`taskshim_build_info{version="${VERSION}",node="${process.version}"} 1`);
+    const start = Number(/^process_start_time_seconds (\d+)$/m.exec(res.body)?.[1]);
+    expect(Math.abs(start - (Date.now() / 1000 - process.uptime()))).toBeLessThan(2);
+    expect(res.body).not.toContain("taskshim_process_starts_total");
+    expect(res.body).not.toMatch(/\n\n/);
+    expect(res.body).toContain("# TYPE taskshim_engine_call_duration_seconds histogram");
+  });
+
+  it("observes Engine API call latency by operation", () => {
+    const metrics = new ShimMetrics(undefined, VERSION);
+    metrics.countEngineCall("container-list", "ok", 0.004);
+    metrics.countEngineCall("container-list", "error", 0.2);
+    return metrics.exposition().then((text) => {
+      expect(text).toContain('taskshim_engine_call_duration_seconds_count{op="container-list"} 2');
+      expect(text).toContain(
+        'taskshim_engine_call_duration_seconds_bucket{le="0.005",op="container-list"} 1',
+      );
+      expect(text).toContain('taskshim_engine_calls_total{op="container-list",result="error"} 1');
+    });
   });
 
   it("lists tasks as {tasks: [{id, status}]}", async () => {

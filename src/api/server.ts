@@ -332,9 +332,7 @@ export function buildApi(deps: ApiDeps) {
       url: "/metrics",
       summary: "Prometheus metrics of the shim",
       handler: async (_request, reply) =>
-        reply
-          .header("content-type", deps.metrics.registry.contentType)
-          .send(await deps.metrics.registry.metrics()),
+        reply.header("content-type", deps.metrics.registry.contentType).send(await deps.metrics.exposition()),
     },
     {
       method: "GET",

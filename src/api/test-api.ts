@@ -39,7 +39,7 @@ export function buildTestApi(env: TestEnv, options: TestApiOptions = {}): Return
     inventory: env.ctx.inventory,
     components,
     log: env.ctx.log,
-    metrics: new ShimMetrics(env.ctx.store),
+    metrics: new ShimMetrics(env.ctx.store, VERSION),
     requestShutdown: options.requestShutdown ?? (() => undefined),
     ...(options.authToken !== undefined ? { authToken: options.authToken } : {}),
   });

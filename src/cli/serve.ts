@@ -150,8 +150,7 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
   const interruption = new AbortController();
   try {
     const store = new TaskStore();
-    const metrics = new ShimMetrics(store);
-    metrics.starts.inc();
+    const metrics = new ShimMetrics(store, VERSION);
     const docker = DockerodeClient.fromEnv(process.env.DOCKER_HOST, metrics.countEngineCall);
     try {
       await docker.ping();
