@@ -325,7 +325,23 @@ export function buildApi(deps: ApiDeps) {
       method: "GET",
       url: "/api/openapi.json",
       summary: "This document",
-      handler: () => openApiDocument(routes, deps.version),
+      handler: (request) =>
+        openApiDocument(routes, deps.version, {
+          serverUrl: `${request.protocol}://${request.host}`,
+          authRequired: deps.authToken !== undefined,
+          schemas: {
+            Healthcheck,
+            ShutdownBody,
+            InstanceHealth,
+            InstanceInfo,
+            Components,
+            ComponentInstallBody,
+            TaskList,
+            TaskConfig: TaskSubmitBodySchema,
+            TaskInfo,
+            TerminateBody,
+          },
+        }),
     },
     {
       method: "GET",
