@@ -1,7 +1,7 @@
 import { spawn, spawnSync } from "node:child_process";
 import { mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
 import { createServer, type Server } from "node:http";
-import type { AddressInfo } from "node:net";
+import { createServer as createNetServer, type AddressInfo } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -208,8 +208,13 @@ describe("taskshim tasks: submit, ls, get, logs, terminate, rm", () => {
 
     const ls = await client(["tasks", "ls"]);
     expect(ls.code).toBe(0);
-    expect(ls.stdout.split("\n")[0]).toMatch(/^ID\s+STATUS\s+REASON\s+CONTAINER\s+GPUS\s+PORTS$/);
-    expect(ls.stdout).toMatch(new RegExp(`^${id}\\s+running\\s+-\\s+${task.container_name}\\s+-\\s+-$`, "m"));
+    expect(ls.stdout.split("\n")[0]).toMatch(/^ID\s+NAME\s+IMAGE\s+STATUS\s+CREATED$/);
+    expect(ls.stdout).toMatch(
+      new RegExp(
+        `^${id.slice(0, 12)}\\s+${name}\\s+\\S+\\s+Up (Less than a second|\\d+ seconds?)\\s+\\S.* ago$`,
+        "m",
+      ),
+    );
     const lsJson = JSON.parse((await client(["tasks", "ls", "--json"])).stdout) as TaskInfo[];
     expect(lsJson.find((t) => t.id === id)).toMatchObject({
       status: "running",
@@ -218,7 +223,9 @@ describe("taskshim tasks: submit, ls, get, logs, terminate, rm", () => {
 
     const get = await client(["tasks", "get", id]);
     expect(get.code).toBe(0);
-    expect(get.stdout).toContain(`id:         ${id}\nstatus:     running\n`);
+    expect(get.stdout).toContain(`id:         ${id}\nname:       ${name}\n`);
+    expect(get.stdout).toMatch(/^status: +running \(Up .*\)\nexit code: +-\n/m);
+    expect(get.stdout).toMatch(/^started: +\d{4}-\d\d-\d\dT\S+Z \(.* ago\)$/m);
     expect(get.stdout).toContain(`container:  ${task.container_name} (${task.container_id.slice(0, 12)})`);
     expect(JSON.parse((await client(["tasks", "get", id, "--json"])).stdout)).toEqual(task);
 
@@ -235,21 +242,21 @@ describe("taskshim tasks: submit, ls, get, logs, terminate, rm", () => {
     expectOneErrorLine(
       early,
       new RegExp(
-        `^taskshim: POST /api/tasks/${id}/remove: HTTP 409: request error: cannot remove task ${id} with running status\\n$`,
+        `^taskshim: task ${id} is not terminated: terminate it first \\(taskshim tasks terminate ${id}\\) or use taskshim tasks rm --force ${id}\\n$`,
       ),
     );
 
     const terminate = await client(["tasks", "terminate", id, "--timeout", "0", "--message", "enough"]);
     expect(terminate.code).toBe(0);
-    expect(terminate.stdout).toContain(
-      "status:     terminated\nreason:     terminated_by_user\nmessage:    enough\n",
+    expect(terminate.stdout).toMatch(
+      /^status: +terminated \(Exited \(137\) .*\)\nexit code: +137\nreason: +terminated_by_user\nmessage: +enough\n/m,
     );
 
     const removed = await client(["tasks", "rm", id]);
     expect(removed).toEqual({ code: 0, stdout: `removed task ${id}\n`, stderr: "" });
     expectOneErrorLine(
       await client(["tasks", "get", id]),
-      new RegExp(`^taskshim: GET /api/tasks/${id}: HTTP 404: Not Found\\n$`),
+      new RegExp(`^taskshim: no such task: ${id} \\(see taskshim tasks ls\\)\\n$`),
     );
     await expect(testDocker().getContainer(task.container_id).inspect()).rejects.toMatchObject({
       statusCode: 404,
@@ -368,15 +375,159 @@ describe("taskshim tasks: submit, ls, get, logs, terminate, rm", () => {
     expect((await shim.request("GET", `/api/tasks/${task.id}`)).status).toBe(404);
   });
 
-  it("reports an unknown task as one line", async () => {
+  it("reports an unknown task as one line naming it, whatever the command", async () => {
+    for (const command of ["get", "terminate", "logs", "rm", "wait"]) {
+      expectOneErrorLine(
+        await client(["tasks", command, "no-such-task"]),
+        /^taskshim: no such task: no-such-task \(see taskshim tasks ls\)\n$/,
+      );
+    }
+  });
+});
+
+describe("taskshim tasks: ids, names, exit codes, waiting", () => {
+  it("finds a task by its name or a unique id prefix, and lists the candidates of an ambiguous one", async () => {
+    seq += 1;
+    const stem = `pfx${process.pid}x${seq}${Date.now().toString(36)}`;
+    const ids = [`${stem}-a1`, `${stem}-b2`];
+    const names = [`tst-cli-pfx-a-${seq}`, `tst-cli-pfx-b-${seq}`];
+    for (const [i, id] of ids.entries()) {
+      submitted.add(id);
+      await shim.submit({ id, name: names[i], image_name: images.busybox, command: ["sleep", "300"] });
+    }
+    const byName = await client(["tasks", "get", names[1]!, "--json"]);
+    expect(byName.code).toBe(0);
+    expect((JSON.parse(byName.stdout) as TaskInfo).id).toBe(ids[1]);
+    const byPrefix = await client(["tasks", "get", `${stem}-a`, "--json"]);
+    expect((JSON.parse(byPrefix.stdout) as TaskInfo).id).toBe(ids[0]);
     expectOneErrorLine(
-      await client(["tasks", "terminate", "no-such-task"]),
-      /^taskshim: POST \/api\/tasks\/no-such-task\/terminate: HTTP 404: task no-such-task: not found\n$/,
+      await client(["tasks", "terminate", stem]),
+      new RegExp(
+        `^taskshim: id prefix ${stem} matches 2 tasks: ${ids[0]} \\(${names[0]}\\), ${ids[1]} \\(${names[1]}\\); give more of the id\\n$`,
+      ),
+    );
+    // rm by name, after terminate by prefix.
+    expect((await client(["tasks", "terminate", `${stem}-b`, "--timeout", "0"])).code).toBe(0);
+    expect(await client(["tasks", "rm", names[1]!])).toEqual({
+      code: 0,
+      stdout: `removed task ${ids[1]}\n`,
+      stderr: "",
+    });
+  });
+
+  it("waits for a task and exits with its exit code; ls shows it as docker does, newest first", async () => {
+    const { id, name } = newTask("wait");
+    await shim.submit({ id, name, image_name: images.busybox, command: ["sh", "-c", "sleep 2; exit 3"] });
+    const began = Date.now();
+    const wait = await client(["tasks", "wait", name]);
+    expect(wait).toEqual({ code: 3, stdout: "3\n", stderr: "" });
+    expect(Date.now() - began).toBeGreaterThan(1_000);
+    const info = await shim.task(id);
+    expect(info).toMatchObject({ status: "terminated", exit_code: 3 });
+    const later = newTask("wait-later");
+    await shim.submit({ ...later, image_name: images.busybox, command: ["sleep", "300"] });
+    const ls = await client(["tasks", "ls", "--filter", `name=${name}`, "--filter", "status=terminated"]);
+    expect(ls.stdout).toMatch(
+      new RegExp(`^${id.slice(0, 12)}\\s+${name}\\s+\\S+\\s+Exited \\(3\\) .* ago\\s+.* ago$`, "m"),
+    );
+    const quiet = (await client(["tasks", "ls", "-q"])).stdout.split("\n");
+    expect(quiet.indexOf(later.id)).toBeLessThan(quiet.indexOf(id));
+    expect(quiet.indexOf(later.id)).toBeGreaterThanOrEqual(0);
+    const get = await client(["tasks", "get", id]);
+    expect(get.stdout).toMatch(/^exit code: +3$/m);
+    expect(get.stdout).toMatch(/^finished: +\d{4}-\S+Z \(.* ago\)$/m);
+  });
+
+  it("waits out the whole grace of the default terminate for a container that ignores SIGTERM", async () => {
+    const { id, name } = newTask("stubborn");
+    await shim.submit({
+      id,
+      name,
+      image_name: images.busybox,
+      command: ["sh", "-c", "trap '' TERM; while :; do sleep 1; done"],
+    });
+    await shim.waitTask(id, (t) => t.status === "running");
+    const began = Date.now();
+    const result = await client(["tasks", "terminate", id], { timeoutMs: 40_000 });
+    const took = Date.now() - began;
+    expect(result.stderr).toBe("");
+    expect(result.code).toBe(0);
+    expect(result.stdout).toMatch(/^status: +terminated \(Exited \(137\)/m);
+    // The default grace is 10 s: the client waited for it instead of giving up at 9 s.
+    expect(took).toBeGreaterThan(9_500);
+    expect((await shim.task(id)).status).toBe("terminated");
+  });
+
+  it("refuses logs of a task without a container, an unknown reason, and a size in two words", async () => {
+    const { id, name } = newTask("nolog");
+    const image = `127.0.0.1:${await freePort()}/nothing/here:1`;
+    await shim.submit({ id, name, image_name: image, command: ["true"] });
+    await shim.waitTerminated(id);
+    expectOneErrorLine(
+      await client(["tasks", "logs", id]),
+      new RegExp(
+        `^taskshim: task ${id} has no container \\(terminated: creating_container_error\\), so no output; see taskshim tasks get ${id}\\n$`,
+      ),
     );
     expectOneErrorLine(
-      await client(["tasks", "logs", "no-such-task"]),
-      /^taskshim: GET \/api\/tasks\/no-such-task\/logs\?tail=100: HTTP 404: /,
+      await client(["tasks", "terminate", id, "--reason", "foo"]),
+      /^taskshim: --reason: unknown reason "foo"; one of: executor_error, .*terminated_by_user, .*volume_error\n$/,
     );
+    expectOneErrorLine(
+      await client(["tasks", "submit", "--image", images.busybox, "--memory", "4", "GB"]),
+      /^taskshim: --memory: give a unit, like 4GiB or 4MiB/,
+    );
+    const unknown = await client(["tasks", "ls", "--bogus"]);
+    expectOneErrorLine(unknown, /^taskshim: unknown option '--bogus' \(see taskshim tasks ls --help\)\n$/);
+    expect(unknown.stdout).toBe("");
+  });
+
+  it("runs the container as --user", async () => {
+    const { id, name } = newTask("user");
+    const result = await client([
+      "tasks",
+      "submit",
+      "--id",
+      id,
+      "--name",
+      name,
+      "--image",
+      images.busybox,
+      "--user",
+      "1234:5678",
+      "--",
+      "sleep",
+      "300",
+    ]);
+    expect(result.code).toBe(0);
+    const container = await testDocker()
+      .getContainer((await shim.task(id)).container_id)
+      .inspect();
+    expect(container.Config.User).toBe("1234:5678");
+  });
+
+  it("ends quietly with status 0 when its reader goes away (| head -1)", async () => {
+    const { id, name } = newTask("pipe");
+    const began = Date.now();
+    const piped = spawn(
+      "bash",
+      [
+        "-c",
+        `"${process.execPath}" "${SHIM_BUNDLE}" tasks watch --timeout 30s --shim ${shim.url} | head -1; echo "status=\${PIPESTATUS[0]}" >&2`,
+      ],
+      { stdio: ["ignore", "pipe", "pipe"] },
+    );
+    let stdout = "";
+    let stderr = "";
+    piped.stdout.on("data", (c: Buffer) => (stdout += c.toString()));
+    piped.stderr.on("data", (c: Buffer) => (stderr += c.toString()));
+    // A change after head has gone: the watch's next write meets the closed pipe.
+    await new Promise((r) => setTimeout(r, 1_500));
+    await shim.submit({ id, name, image_name: images.busybox, command: ["sleep", "300"] });
+    await new Promise<void>((resolve) => piped.once("close", () => resolve()));
+    expect(stdout.split("\n").filter(Boolean)).toHaveLength(1);
+    expect(stderr).toBe("status=0\n");
+    expect(Date.now() - began).toBeLessThan(20_000);
   });
 });
 
@@ -440,6 +591,26 @@ describe("taskshim tasks submit: pull progress from a registry", () => {
   });
 
   const hasScript = spawnSync("script", ["--version"]).status === 0;
+
+  /** Runs argv under util-linux `script`: a pseudo-terminal, so process.stdout.isTTY is true. */
+  function underTerminal(argv: readonly string[]): Promise<CliResult> {
+    const command = argv.map(shellQuote).join(" ");
+    return new Promise<CliResult>((resolve, reject) => {
+      const child = spawn("script", ["-qfec", command, "/dev/null"], { stdio: ["pipe", "pipe", "pipe"] });
+      let stdout = "";
+      child.stdout.on("data", (chunk: Buffer) => (stdout += chunk.toString("utf8")));
+      child.once("error", reject);
+      child.once("close", (code) => resolve({ code, stdout, stderr: "" }));
+      child.stdin.end();
+    });
+  }
+
+  /** The bar redraws of a terminal transcript: the text between clears that holds a percentage. */
+  const barFrames = (transcript: string): string[] =>
+    transcript
+      .split("\r\x1b[K")
+      .map((f) => f.split(/\r?\n/)[0] ?? "")
+      .filter((f) => /^(\[[#-]+\] )? *\d+% /.test(f));
   it.skipIf(!hasScript)("draws a progress bar on a terminal", async () => {
     const { id, name } = newTask("tty");
     const image = await pushedImage("cli/tty");
@@ -452,21 +623,41 @@ describe("taskshim tasks submit: pull progress from a registry", () => {
       shim.url,
       ...privateSleepTask(id, name, image),
     ];
-    const command = argv.map(shellQuote).join(" ");
-    // util-linux `script` gives the CLI a pseudo-terminal, so process.stdout.isTTY is true.
-    const result = await new Promise<CliResult>((resolve, reject) => {
-      const child = spawn("script", ["-qfec", command, "/dev/null"], { stdio: ["pipe", "pipe", "pipe"] });
-      let stdout = "";
-      child.stdout.on("data", (chunk: Buffer) => (stdout += chunk.toString("utf8")));
-      child.once("error", reject);
-      child.once("close", (code) => resolve({ code, stdout, stderr: "" }));
-      child.stdin.end();
-    });
+    const result = await underTerminal(argv);
     expect(result.code, result.stdout).toBe(0);
     expect(result.stdout).toContain("\r\x1b[K");
     expect(result.stdout).toMatch(/\[[#-]+\] +\d+% (pulling|extracting) /);
     expect(result.stdout).toMatch(new RegExp(String.raw`\r\x1b\[Kpulled [\d.]+ (kB|MB)\r?\n`));
     expect(result.stdout).toMatch(new RegExp(`running: task ${id} `));
+    // Every redraw of the bar has the same width.
+    const bars = barFrames(result.stdout);
+    expect(bars.length).toBeGreaterThan(0);
+    expect(new Set(bars.map((f) => f.length)).size).toBe(1);
+  });
+
+  it.skipIf(!hasScript)("clears the bar of a failed pull from the terminal", async () => {
+    const { id, name } = newTask("tty-fail");
+    const image = await pushedImage("cli/tty-fail");
+    const args = privateSleepTask(id, name, image);
+    args[args.indexOf("--registry-password") + 1] = "wrong-password-0000";
+    const result = await underTerminal([
+      process.execPath,
+      SHIM_BUNDLE,
+      "tasks",
+      "submit",
+      "--shim",
+      shim.url,
+      ...args,
+    ]);
+    expect(result.code).toBe(1);
+    expect(result.stdout).toMatch(/terminated: creating_container_error/);
+    // The bar drawn while the pull was tried is cleared (\r ESC[K) before the next line is written:
+    // what follows the last bar frame starts with the clear, not with a newline.
+    const lastBar = result.stdout.lastIndexOf("%");
+    expect(lastBar).toBeGreaterThan(0);
+    const after = result.stdout.slice(lastBar);
+    expect(after.indexOf("\r\x1b[K")).toBeGreaterThanOrEqual(0);
+    expect(after.slice(0, after.indexOf("\r\x1b[K"))).not.toContain("\n");
   });
 });
 
@@ -483,7 +674,7 @@ describe("taskshim tasks watch", () => {
     const { id, name } = newTask("watch");
     const watcher = spawn(
       process.execPath,
-      [SHIM_BUNDLE, "tasks", "watch", "--json", "--interval", "50", "--timeout", "20", "--shim", shim.url],
+      [SHIM_BUNDLE, "tasks", "watch", "--json", "--interval", "50ms", "--timeout", "20s", "--shim", shim.url],
       { stdio: ["ignore", "pipe", "pipe"] },
     );
     let stdout = "";
@@ -528,6 +719,16 @@ describe("taskshim tasks watch", () => {
       }),
     );
     expect(mine.at(-1)).toMatchObject({ kind: "removed", from: "terminated", to: null });
+    // The event stream reports every status, however short (a 1 s poll used to skip some).
+    expect(mine.map((e) => e.to)).toEqual([
+      "pending",
+      "preparing",
+      "pulling",
+      "creating",
+      "running",
+      "terminated",
+      null,
+    ]);
     // Each event of the task follows the one before it.
     for (let i = 1; i < mine.length; i++) expect(mine[i]?.from).toBe(mine[i - 1]?.to);
 
@@ -548,6 +749,26 @@ describe("taskshim tasks watch", () => {
 });
 
 describe("errors reaching the shim", () => {
+  it("says so in one line, status 1, when the peer resets or closes the connection", async () => {
+    for (const mode of ["reset", "close"] as const) {
+      const peer = createNetServer((socket) => {
+        socket.once("data", () => (mode === "reset" ? socket.resetAndDestroy() : socket.end()));
+      });
+      await new Promise<void>((resolve) => peer.listen(0, "127.0.0.1", resolve));
+      const url = `http://127.0.0.1:${(peer.address() as AddressInfo).port}`;
+      try {
+        for (const args of [["status"], ["status", "--json"], ["tasks", "ls"]]) {
+          expectOneErrorLine(
+            await cli([...args, "--shim", url]),
+            new RegExp(`^taskshim: cannot reach the shim at ${url}: `),
+          );
+        }
+      } finally {
+        peer.close();
+      }
+    }
+  });
+
   it("says so in one line when nothing listens", async () => {
     const url = `http://127.0.0.1:${await freePort()}`;
     for (const args of [
@@ -594,7 +815,7 @@ describe("errors reaching the shim", () => {
       const ls = await cli(["tasks", "ls", "--shim", guarded.url, "--auth-token-file", tokenFile]);
       expect(ls.stderr).toBe("");
       expect(ls.code).toBe(0);
-      expect(ls.stdout).toMatch(/^ID\s+STATUS/);
+      expect(ls.stdout).toMatch(/^ID\s+NAME\s+IMAGE\s+STATUS/);
       const status = await cli(["status", "--json", "--shim", guarded.url, "--auth-token-file", tokenFile]);
       expect(status.code).toBe(0);
       expect(JSON.parse(status.stdout)).toMatchObject({

@@ -2,7 +2,7 @@ import { createServer, type Server } from "node:net";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { testDocker } from "./support/docker.js";
 import { ensureTestImages, type TestImages } from "./support/images.js";
-import { freePort, ShimProcess } from "./support/shim-process.js";
+import { ShimProcess } from "./support/shim-process.js";
 
 let images: TestImages;
 let seq = 0;
@@ -46,23 +46,82 @@ describe("taskshim serve", () => {
     );
   });
 
-  it("exits 1 with one clear line when the port is taken", async () => {
-    const port = await freePort();
+  it("exits 1 with one line within a second when the port is taken, before restoring anything", async () => {
+    // Tasks that finish while the shim is down: a restore would finalize each with a log line.
+    const first = await start();
+    const ids: string[] = [];
+    for (let i = 0; i < 3; i++) ids.push((await first.submit(task(["sh", "-c", "sleep 1; exit 3"]))).id);
+    for (const id of ids) await first.waitTask(id, (t) => t.status === "running");
+    await first.kill();
+    await new Promise((resolve) => setTimeout(resolve, 2_000));
+
     const blocker: Server = createServer();
-    await new Promise<void>((resolve) => blocker.listen(port, "127.0.0.1", resolve));
+    await new Promise<void>((resolve) => blocker.listen(first.port, "127.0.0.1", resolve));
     try {
-      const shim = await start({ port, waitReady: false });
+      const began = Date.now();
+      const shim = await start({ home: first.home, port: first.port, waitReady: false });
       expect(await shim.waitExit()).toBe(1);
-      expect(shim.logs).toContain(`taskshim: port ${port} on 127.0.0.1 is already in use`);
+      const took = Date.now() - began;
+      expect(shim.logs.trim().split("\n")).toEqual([
+        `taskshim: port ${first.port} on 127.0.0.1 is already in use (choose another with --shim-http-port)`,
+      ]);
+      // Node's own start-up is part of this second (~0.2 s here).
+      expect(took).toBeLessThan(1_000);
     } finally {
       blocker.close();
     }
+    // The tasks were left for the next start: it finalizes them with their real exit code.
+    const next = await start({ home: first.home });
+    for (const id of ids) {
+      const done = await next.waitTerminated(id);
+      expect(done.termination_reason).toBe("container_exited_with_error");
+    }
+    for (const id of ids) await next.remove(id);
   });
 
-  it("refuses a bad flag value with a configuration error", async () => {
+  it("refuses a bad flag value with a configuration error (exit 78, so supervise stops)", async () => {
     const shim = await start({ args: ["--shim-log-level", "loud"], waitReady: false });
-    expect(await shim.waitExit()).toBe(1);
+    expect(await shim.waitExit()).toBe(78);
     expect(shim.logs).toMatch(/taskshim: configuration error: invalid log level "loud"/);
+  });
+
+  it("refuses an unknown flag in one line, without the usage (exit 78)", async () => {
+    const shim = await start({ args: ["--bogus"], waitReady: false });
+    expect(await shim.waitExit()).toBe(78);
+    expect(shim.logs.trim().split("\n")).toEqual([
+      "taskshim: configuration error: unknown option '--bogus' (see taskshim serve --help)",
+    ]);
+  });
+
+  it("logs ISO times, a serving line with address, home, engine and version, and an expected failure once without a stack", async () => {
+    const shim = await start();
+    const lines = () =>
+      shim.logs
+        .split("\n")
+        .filter((l) => l.startsWith("{"))
+        .map((l) => JSON.parse(l) as Record<string, unknown>);
+    const serving = lines().find((l) => l.msg === "taskshim serving");
+    expect(serving).toMatchObject({
+      address: shim.url,
+      home: shim.home,
+      engine: process.env.DOCKER_HOST ?? "unix:///var/run/docker.sock",
+      version: expect.stringMatching(/^\d+\.\d+\.\d+/) as unknown,
+    });
+    expect(serving?.time).toMatch(/^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$/);
+
+    // The engine refuses a 1 KiB memory limit: a user's mistake, not the shim's.
+    const cfg = { ...task(["true"]), memory: 1024 };
+    await shim.submit(cfg);
+    const done = await shim.waitTerminated(cfg.id);
+    expect(done.termination_reason).toBe("creating_container_error");
+    const failure = lines().find((l) => l.msg === "task failed to start" && l.taskId === cfg.id);
+    expect(failure).toMatchObject({ level: 40 });
+    expect(JSON.stringify(failure)).not.toContain("stack");
+    const text = String(failure?.error);
+    const phrase = /Minimum memory limit[^:]*/.exec(text)?.[0] ?? "";
+    expect(phrase).not.toBe("");
+    expect(text.split(phrase)).toHaveLength(2);
+    await shim.remove(cfg.id);
   });
 
   it("never runs two shims on one home", async () => {

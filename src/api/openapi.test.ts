@@ -1,7 +1,10 @@
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { makeContext, type TestEnv } from "../runner/test-support.js";
 import { VERSION } from "../version.js";
+import { Validator } from "@seriousme/openapi-schema-validator";
+import { Ajv2020 } from "ajv/dist/2020.js";
 import { buildTestApi } from "./test-api.js";
+import { OPERATIONS } from "./openapi.js";
 
 const TOKEN = "s3cret-token-0123456789";
 let env: TestEnv;
@@ -53,6 +56,7 @@ describe("GET /api/openapi.json", () => {
         "POST /api/tasks",
         "GET /api/tasks/:id",
         "GET /api/tasks/:id/logs",
+        "GET /api/events",
         "POST /api/tasks/:id/terminate",
         "POST /api/tasks/:id/remove",
         "GET /api/openapi.json",
@@ -64,6 +68,8 @@ describe("GET /api/openapi.json", () => {
     for (const { url, methods } of documented) {
       const concrete = url.replace(/:(\w+)/g, "x");
       for (const method of ["GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"] as const) {
+        // The event stream never ends by itself (inject would wait forever); server.test.ts reads it.
+        if (method === "GET" && url === "/api/events") continue;
         const res = await app.inject({ method, url: concrete });
         if (methods.includes(method)) {
           expect(res.statusCode, `${method} ${url}`).not.toBe(405);
@@ -83,9 +89,13 @@ describe("GET /api/openapi.json", () => {
         segment,
       ).toBe(true);
     }
-    const submit = doc.paths["/api/tasks"]?.post?.requestBody?.content["application/json"]?.schema as {
-      properties: Record<string, unknown>;
+    const ref = doc.paths["/api/tasks"]?.post?.requestBody?.content["application/json"]?.schema as {
+      $ref: string;
     };
+    expect(ref.$ref).toBe("#/components/schemas/TaskConfig");
+    const submit = (
+      doc as unknown as { components: { schemas: Record<string, { properties: Record<string, unknown> }> } }
+    ).components.schemas.TaskConfig!;
     expect(Object.keys(submit.properties)).toEqual(
       expect.arrayContaining(["id", "name", "image_name", "gpu"]),
     );
@@ -130,5 +140,132 @@ describe("--auth-token-file", () => {
   it("lets unknown paths answer 401 rather than reveal which exist", async () => {
     const app = api(TOKEN);
     expect((await app.inject({ method: "GET", url: "/nope" })).statusCode).toBe(401);
+  });
+});
+
+interface Operation {
+  operationId: string;
+  tags: string[];
+  security?: unknown[];
+  parameters?: { name: string; in: string }[];
+  requestBody?: { content: Record<string, { schema: unknown }> };
+  responses: Record<string, { content?: Record<string, { schema?: unknown }> }>;
+}
+type Doc = {
+  servers: { url: string }[];
+  components: { schemas: Record<string, unknown>; securitySchemes?: unknown };
+  security?: unknown;
+  paths: Record<string, Record<string, Operation>>;
+};
+
+async function documentOf(app: ReturnType<typeof api>, headers: Record<string, string> = {}): Promise<Doc> {
+  await app.ready();
+  return (
+    await app.inject({
+      method: "GET",
+      url: "/api/openapi.json",
+      headers: { host: "10.0.0.5:10998", ...headers },
+    })
+  ).json<Doc>();
+}
+
+describe("the OpenAPI document for client generators", () => {
+  it("is valid OpenAPI 3.1 by a maintained validator, with and without a token", async () => {
+    for (const token of [undefined, TOKEN]) {
+      const doc = await documentOf(api(token), token ? { authorization: `Bearer ${token}` } : {});
+      const validator = new Validator();
+      const result = await validator.validate(doc);
+      expect(result.errors ?? [], JSON.stringify(result.errors)).toEqual([]);
+      expect(result.valid).toBe(true);
+      expect(validator.version).toBe("3.1");
+    }
+  });
+
+  it("names, tags and lists every status of every operation; shares schemas by $ref; writes enums as enum", async () => {
+    const doc = await documentOf(api());
+    expect(doc.servers).toEqual([{ url: "http://10.0.0.5:10998" }]);
+    const ids = new Set<string>();
+    for (const [path, methods] of Object.entries(doc.paths)) {
+      for (const [method, op] of Object.entries(methods)) {
+        const key = `${method.toUpperCase()} ${path}`;
+        expect(op.operationId, key).toBe(OPERATIONS[key]?.operationId);
+        expect(ids.has(op.operationId), op.operationId).toBe(false);
+        ids.add(op.operationId);
+        expect(op.tags, key).toHaveLength(1);
+        expect(Object.keys(op.responses).sort(), key).toEqual(
+          ["200", ...Object.keys(OPERATIONS[key]?.statuses ?? {}), "503"].sort(),
+        );
+      }
+    }
+    expect(
+      doc.paths["/api/tasks/{id}"]?.get?.responses["200"]?.content?.["application/json"]?.schema,
+    ).toEqual({
+      $ref: "#/components/schemas/TaskInfo",
+    });
+    const taskInfo = doc.components.schemas.TaskInfo as { properties: { status: unknown } };
+    expect(taskInfo.properties.status).toEqual({
+      type: "string",
+      enum: ["pending", "preparing", "pulling", "creating", "running", "terminated"],
+    });
+    expect(JSON.stringify(doc)).not.toMatch(/"anyOf":\[\{"const"/);
+  });
+
+  it("declares the bearer scheme only when a token is configured", async () => {
+    const open = await documentOf(api());
+    expect(open.components.securitySchemes).toBeUndefined();
+    expect(JSON.stringify(open.paths)).not.toContain('"security"');
+    const guarded = await documentOf(api(TOKEN), { authorization: `Bearer ${TOKEN}` });
+    expect(guarded.components.securitySchemes).toEqual({ bearer: { type: "http", scheme: "bearer" } });
+    expect(guarded.paths["/api/tasks"]?.get?.security).toEqual([{ bearer: [] }]);
+    expect(guarded.paths["/api/healthcheck"]?.get?.security).toEqual([]);
+    expect(Object.keys(guarded.paths["/api/tasks"]?.get?.responses ?? {})).toContain("401");
+  });
+
+  it("round-trips every operation: called as documented, it answers a documented status with a body of the documented schema", async () => {
+    const app = api();
+    const doc = await documentOf(app);
+    const validator = new Validator();
+    await validator.validate(doc);
+    const resolved = validator.resolveRefs() as Doc;
+    const ajv = new Ajv2020({ strict: false, validateFormats: false });
+    // One task to address by {id}; a valid body for every operation that takes one.
+    const submitted = await app.inject({
+      method: "POST",
+      url: "/api/tasks",
+      payload: { id: "rt-1", name: "rt", image_name: "busybox:1.36", command: ["sleep", "60"] },
+    });
+    expect(submitted.statusCode).toBe(200);
+    await env.runner.awaitStarts();
+    const bodies: Record<string, unknown> = {
+      submitTask: { id: "rt-2", name: "rt", image_name: "busybox:1.36", command: ["true"] },
+      terminateTask: { termination_reason: "terminated_by_user", termination_message: "", timeout: 0 },
+      installComponent: { name: "dstack-runner", url: "file:///nonexistent/dstack-runner" },
+      shutdown: { force: false },
+    };
+    let called = 0;
+    for (const [path, methods] of Object.entries(resolved.paths)) {
+      for (const [method, op] of Object.entries(methods)) {
+        if (op.operationId === "followTaskEvents") continue; // a stream without end: server.test.ts reads it
+        const url = path.replace("{id}", "rt-1");
+        const payload = bodies[op.operationId];
+        if (op.requestBody) expect(payload, op.operationId).toBeDefined();
+        const res = await app.inject({
+          method: method.toUpperCase() as "GET",
+          url,
+          ...(payload !== undefined ? { payload: payload as object } : {}),
+        });
+        called++;
+        expect(Object.keys(op.responses), `${op.operationId} answered ${res.statusCode}`).toContain(
+          String(res.statusCode),
+        );
+        const schema = op.responses[String(res.statusCode)]?.content?.["application/json"]?.schema;
+        if (schema !== undefined) {
+          const valid = ajv.validate(schema as object, res.json());
+          expect(valid, `${op.operationId}: ${ajv.errorsText()}`).toBe(true);
+        }
+        if (op.operationId === "terminateTask") await env.runner.awaitStarts();
+      }
+    }
+    expect(called).toBe(Object.keys(OPERATIONS).length - 1);
   });
 });

@@ -63,6 +63,20 @@ export const TaskInfo = Type.Object({
   container_name: Type.String(),
   container_id: Type.String(),
   gpus_ids: Type.Union([Type.Array(Type.String()), Type.Null()]),
+  name: Type.String({ description: "taskshim extension: the task's name, as submitted" }),
+  image_name: Type.String({ description: "taskshim extension: the task's image, as submitted" }),
+  exit_code: Type.Union([Type.Integer(), Type.Null()], {
+    description: "taskshim extension: the container's exit code; null until known, or when it never can be",
+  }),
+  created_at: Type.Union([Type.String({ format: "date-time" }), Type.Null()], {
+    description: "taskshim extension: when the task was submitted (null: restored from its container alone)",
+  }),
+  started_at: Type.Union([Type.String({ format: "date-time" }), Type.Null()], {
+    description: "taskshim extension: when the task became running",
+  }),
+  finished_at: Type.Union([Type.String({ format: "date-time" }), Type.Null()], {
+    description: "taskshim extension: when the task became terminated (the container's own finish time)",
+  }),
 });
 export const TaskList = Type.Object({
   tasks: Type.Array(Type.Object({ id: Type.String(), status: Status })),

@@ -1,5 +1,9 @@
+import { join } from "node:path";
+import { rm } from "node:fs/promises";
 import { readFileSync } from "node:fs";
 import type { InjectOptions, LightMyRequestResponse } from "fastify";
+import { VERSION } from "../version.js";
+import { ShimMetrics } from "./metrics.js";
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
 import { armFailpoints } from "../runner/failpoints.js";
 import { FakeCommandRunner, makeContext, taskBody, type TestEnv } from "../runner/test-support.js";
@@ -20,6 +24,13 @@ const TASK_INFO_KEYS = [
   "container_name",
   "container_id",
   "gpus_ids",
+  // taskshim extensions, ignored by dstack's server.
+  "name",
+  "image_name",
+  "exit_code",
+  "created_at",
+  "started_at",
+  "finished_at",
 ];
 
 let env: TestEnv;
@@ -93,6 +104,29 @@ describe("GET endpoints", () => {
     expect(res.body).toContain('taskshim_tasks{status="running"} 1');
     expect(res.body).toContain('taskshim_tasks{status="pending"} 0');
     expect(res.body).not.toContain(id);
+  });
+
+  it("serves build info, the process start time as the restart signal, and no blank line", async () => {
+    const res = await app.inject({ method: "GET", url: "/metrics" });
+    expect(res.body).toContain(`taskshim_build_info{version="${VERSION}",node="${process.version}"} 1`);
+    const start = Number(/^process_start_time_seconds (\d+)$/m.exec(res.body)?.[1]);
+    expect(Math.abs(start - (Date.now() / 1000 - process.uptime()))).toBeLessThan(2);
+    expect(res.body).not.toContain("taskshim_process_starts_total");
+    expect(res.body).not.toMatch(/\n\n/);
+    expect(res.body).toContain("# TYPE taskshim_engine_call_duration_seconds histogram");
+  });
+
+  it("observes Engine API call latency by operation", () => {
+    const metrics = new ShimMetrics(undefined, VERSION);
+    metrics.countEngineCall("container-list", "ok", 0.004);
+    metrics.countEngineCall("container-list", "error", 0.2);
+    return metrics.exposition().then((text) => {
+      expect(text).toContain('taskshim_engine_call_duration_seconds_count{op="container-list"} 2');
+      expect(text).toContain(
+        'taskshim_engine_call_duration_seconds_bucket{le="0.005",op="container-list"} 1',
+      );
+      expect(text).toContain('taskshim_engine_calls_total{op="container-list",result="error"} 1');
+    });
   });
 
   it("lists tasks as {tasks: [{id, status}]}", async () => {
@@ -248,6 +282,32 @@ describe("POST /api/tasks", () => {
     expectTextError(conflict, 409, /^request error: /);
     await env.runner.awaitStarts();
     expect(env.docker.count("createContainer")).toBe(1);
+  });
+
+  it("answers 400 with the path and the fix when the runner binary is missing, unless the task has a command", async () => {
+    const bare = buildTestApi(env, { withoutRunner: true });
+    await rm(join(env.home, "bin", "dstack-runner"), { force: true });
+    try {
+      const body = taskBody();
+      const refused = await bare.inject({ method: "POST", url: "/api/tasks", payload: body });
+      expectTextError(
+        refused,
+        400,
+        new RegExp(
+          `^the runner binary ${join(env.home, "bin", "dstack-runner")} does not exist: install dstack-runner there .*or give the task a command\n$`,
+        ),
+      );
+      expect(env.ctx.store.size).toBe(0);
+      const withCommand = await bare.inject({
+        method: "POST",
+        url: "/api/tasks",
+        payload: { ...taskBody(), command: ["true"] },
+      });
+      expect(withCommand.statusCode).toBe(200);
+      await env.runner.awaitStarts();
+    } finally {
+      await bare.close();
+    }
   });
 
   it("answers with the snake_case task info", async () => {
@@ -435,5 +495,59 @@ describe("storage faults", () => {
     expect(
       (await post(`/api/tasks/${id}/terminate`, { termination_reason: "terminated_by_user" })).statusCode,
     ).toBe(200);
+  });
+});
+
+describe("GET /api/events (taskshim extension)", () => {
+  it("streams the tasks present, then every status change as NDJSON, and ends when the server closes", async () => {
+    const seeded = await env.seedTask();
+    await app.listen({ host: "127.0.0.1", port: 0 });
+    const { port } = app.server.address() as { port: number };
+    const response = await fetch(`http://127.0.0.1:${port}/api/events`);
+    expect(response.headers.get("content-type")).toBe("application/x-ndjson; charset=utf-8");
+    const reader = response.body!.pipeThrough(new TextDecoderStream()).getReader();
+    let text = "";
+    const lines = async (n: number): Promise<Record<string, unknown>[]> => {
+      while (text.split("\n").length <= n) {
+        const { value, done } = await reader.read();
+        if (done) break;
+        text += value;
+      }
+      return text
+        .split("\n")
+        .filter(Boolean)
+        .map((l) => JSON.parse(l) as Record<string, unknown>);
+    };
+    expect((await lines(1))[0]).toMatchObject({
+      kind: "present",
+      id: seeded.task.id,
+      from: null,
+      to: "running",
+    });
+
+    // A task that goes through pending, preparing, pulling, creating, running and ends at once:
+    // each status is in the stream, however short it lasted.
+    const body = taskBody();
+    const taskId = String(body.id);
+    expect((await post("/api/tasks", body)).statusCode).toBe(200);
+    await env.runner.awaitStarts();
+    expect(
+      (await post(`/api/tasks/${taskId}/terminate`, { termination_reason: "terminated_by_user" })).statusCode,
+    ).toBe(200);
+    const mine = (await lines(7)).filter((e) => e.id === taskId);
+    expect(mine.map((e) => `${String(e.from)}>${String(e.to)}`)).toEqual([
+      "null>pending",
+      "pending>preparing",
+      "preparing>pulling",
+      "pulling>creating",
+      "creating>running",
+      "running>terminated",
+    ]);
+    expect(mine.at(-1)).toMatchObject({ kind: "changed", termination_reason: "terminated_by_user" });
+    expect(String(mine[0]?.time)).toMatch(/^\d{4}-\d\d-\d\dT/);
+
+    await app.close();
+    // The stream ends with the server instead of holding its close up.
+    for (;;) if ((await reader.read()).done) break;
   });
 });

@@ -1,6 +1,7 @@
 import { createHash, timingSafeEqual } from "node:crypto";
 import type { Socket } from "node:net";
 import { constants as osConstants } from "node:os";
+import { PassThrough } from "node:stream";
 import Fastify, { LogController, type FastifyReply, type FastifyRequest, type HTTPMethods } from "fastify";
 import type { Static, TSchema } from "typebox";
 import type { Logger } from "pino";
@@ -35,7 +36,7 @@ import {
   TaskList,
   TerminateBody,
 } from "./schemas.js";
-import { taskInfo, taskInfoJson } from "./wire.js";
+import { taskEvent, taskInfo, taskInfoJson } from "./wire.js";
 
 /** What the HTTP edge needs from the rest of the shim. */
 export interface ApiDeps {
@@ -58,6 +59,9 @@ export interface ApiDeps {
   /** Whether the home is still the one the shim started on (the `home` healthcheck field). */
   readonly homeHealth?: () => HomeHealth;
 }
+
+/** An events follower further behind than this is cut off (it reconnects and gets a fresh snapshot). */
+const MAX_EVENT_BACKLOG_BYTES = 1024 * 1024;
 
 const ALL_METHODS: HTTPMethods[] = ["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"];
 const MAX_LOG_TAIL = 10_000;
@@ -164,6 +168,13 @@ export function buildApi(deps: ApiDeps) {
     if (closing) await sendText(reply.header("connection", "close"), 503, "shutting down");
   });
 
+  // Open event streams end when the server closes, or its close would wait for them forever.
+  const eventStreams = new Set<PassThrough>();
+  app.addHook("preClose", (done) => {
+    for (const stream of eventStreams) stream.end();
+    done();
+  });
+
   const id = (request: FastifyRequest): string => (request.params as { id: string }).id;
   const startedAt = Date.now();
   let taskList = { generation: -1, json: "" };
@@ -251,6 +262,15 @@ export function buildApi(deps: ApiDeps) {
       response: TaskInfo,
       handler: async (request) => {
         const { config, auth } = parseTaskConfig(body(request));
+        // Refused now rather than at container creation (`bind source path does not exist`).
+        const missing =
+          config.command || deps.store.get(config.id) ? undefined : deps.components.missingRunner();
+        if (missing !== undefined) {
+          throw new HttpError(
+            400,
+            `the runner binary ${missing} does not exist: install dstack-runner there (--runner-binary-path, --runner-download-url, POST /api/components/install), or give the task a command`,
+          );
+        }
         return taskInfo(await deps.runner.submit(config, auth));
       },
     },
@@ -262,6 +282,34 @@ export function buildApi(deps: ApiDeps) {
       handler: (request, reply) => {
         const task = deps.store.get(id(request));
         return task ? sendJson(reply, taskInfoJson(task)) : sendText(reply, 404, "Not Found");
+      },
+    },
+    {
+      method: "GET",
+      url: "/api/events",
+      summary:
+        "taskshim extension: task status changes as they happen, as newline-delimited JSON: first every task present, then each addition, status change and removal",
+      handler: (_request, reply) => {
+        const stream = new PassThrough();
+        const send = (event: ReturnType<typeof taskEvent>): void => {
+          if (stream.writableLength > MAX_EVENT_BACKLOG_BYTES) stream.end();
+          else if (!stream.writableEnded) stream.write(`${JSON.stringify(event)}\n`);
+        };
+        for (const task of deps.store.list()) send(taskEvent({ kind: "present", task }));
+        // Synchronous with the store's change: no status is ever skipped, however short.
+        const unwatch = deps.store.watch((change) => send(taskEvent(change)));
+        eventStreams.add(stream);
+        const stop = (): void => {
+          unwatch();
+          eventStreams.delete(stream);
+          if (!stream.writableEnded) stream.end();
+        };
+        reply.raw.once("close", stop);
+        stream.once("close", stop);
+        return reply
+          .header("content-type", "application/x-ndjson; charset=utf-8")
+          .header("cache-control", "no-store")
+          .send(stream);
       },
     },
     {
@@ -313,16 +361,30 @@ export function buildApi(deps: ApiDeps) {
       method: "GET",
       url: "/api/openapi.json",
       summary: "This document",
-      handler: () => openApiDocument(routes, deps.version),
+      handler: (request) =>
+        openApiDocument(routes, deps.version, {
+          serverUrl: `${request.protocol}://${request.host}`,
+          authRequired: deps.authToken !== undefined,
+          schemas: {
+            Healthcheck,
+            ShutdownBody,
+            InstanceHealth,
+            InstanceInfo,
+            Components,
+            ComponentInstallBody,
+            TaskList,
+            TaskConfig: TaskSubmitBodySchema,
+            TaskInfo,
+            TerminateBody,
+          },
+        }),
     },
     {
       method: "GET",
       url: "/metrics",
       summary: "Prometheus metrics of the shim",
       handler: async (_request, reply) =>
-        reply
-          .header("content-type", deps.metrics.registry.contentType)
-          .send(await deps.metrics.registry.metrics()),
+        reply.header("content-type", deps.metrics.registry.contentType).send(await deps.metrics.exposition()),
     },
     {
       method: "GET",

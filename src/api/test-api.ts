@@ -1,3 +1,4 @@
+import { mkdirSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { ComponentService } from "../components/component-service.js";
 import type { CommandRunner } from "../exec/run-bounded.js";
@@ -12,12 +13,19 @@ export interface TestApiOptions {
   readonly commands?: CommandRunner;
   readonly requestShutdown?: (force: boolean) => void;
   readonly authToken?: string;
+  /** Leave the runner binary out (default: an empty file stands in for it). */
+  readonly withoutRunner?: boolean;
 }
 
 /** The real HTTP edge over a test context (fake engine, temp home): what the API tests inject into. */
 export function buildTestApi(env: TestEnv, options: TestApiOptions = {}): ReturnType<typeof buildApi> {
+  const runner = join(env.home, "bin", "dstack-runner");
+  if (options.withoutRunner !== true) {
+    mkdirSync(join(env.home, "bin"), { recursive: true });
+    writeFileSync(runner, "");
+  }
   const components = new ComponentService(
-    { runner: join(env.home, "bin", "dstack-runner"), shim: join(env.home, "bin", "dstack-shim") },
+    { runner, shim: join(env.home, "bin", "dstack-shim") },
     options.commands ?? new FakeCommandRunner(),
     env.ctx.log,
     env.ctx.shutdown,
@@ -31,7 +39,7 @@ export function buildTestApi(env: TestEnv, options: TestApiOptions = {}): Return
     inventory: env.ctx.inventory,
     components,
     log: env.ctx.log,
-    metrics: new ShimMetrics(env.ctx.store),
+    metrics: new ShimMetrics(env.ctx.store, VERSION),
     ...(env.ctx.storage ? { storage: env.ctx.storage } : {}),
     requestShutdown: options.requestShutdown ?? (() => undefined),
     ...(options.authToken !== undefined ? { authToken: options.authToken } : {}),

@@ -10,14 +10,27 @@ import {
   ShimUnreachableError,
   type ShimTaskInfo,
 } from "../control/shim-client.js";
+import { TASK_STATUSES, type TaskStatus } from "../tasks/task-status.js";
+import { isTerminationReason, TERMINATION_REASONS } from "../tasks/termination-reason.js";
+import { durationFlag } from "./durations.js";
 import { SubmitProgressView } from "./pull-progress-bar.js";
 import { buildSubmitBody, InvalidSubmitFlagError } from "./submit-body.js";
-import { FollowTimeoutError, followStart, formatWatchEvent, watchTasks } from "./task-follow.js";
+import { resolveTask, TaskLookupError } from "./task-lookup.js";
+import {
+  FollowTimeoutError,
+  followStart,
+  followEvents,
+  formatWatchEvent,
+  waitTerminated,
+  watchTasks,
+  type WatchEvent,
+} from "./task-follow.js";
 import {
   countByStatus,
   formatStatusReport,
   formatTaskDetails,
   formatTaskTable,
+  newestFirst,
   parseQuarantined,
   type ShimStatusReport,
 } from "./task-views.js";
@@ -67,13 +80,26 @@ async function connect(options: ConnectOptions): Promise<ShimClient> {
   return new ShimClient(url.origin, 9_000, authToken === undefined ? {} : { authToken });
 }
 
+/** The task id of a `/api/tasks/{id}…` path, or undefined. */
+function taskIdOfPath(path: string): string | undefined {
+  const match = /^\/api\/tasks\/([^/?]+)/.exec(path);
+  return match?.[1] === undefined ? undefined : decodeURIComponent(match[1]);
+}
+
 /** One line for an error of the client side; shim bodies end with a newline, removed here. */
 export function describeClientError(error: unknown, shim: string): string {
   if (error instanceof ShimHttpError) {
+    const id = taskIdOfPath(error.path);
+    // The two answers an operator meets most, with what to do about them.
+    if (id !== undefined && error.status === 404) return `no such task: ${id} (see taskshim tasks ls)`;
+    if (id !== undefined && error.status === 409 && error.path.endsWith("/remove")) {
+      return `task ${id} is not terminated: terminate it first (taskshim tasks terminate ${id}) or use taskshim tasks rm --force ${id}`;
+    }
     const body = error.body.trim().replace(/\s*\n\s*/g, " ");
     const hint = error.status === 401 ? " (this shim needs a token: --auth-token-file FILE)" : "";
     return `${error.method} ${error.path}: HTTP ${error.status}${body ? `: ${body}` : ""}${hint}`;
   }
+  if (error instanceof TaskLookupError || error instanceof FollowTimeoutError) return error.message;
   if (error instanceof ShimUnreachableError) {
     return `cannot reach the shim at ${shim}: ${error.message.replace(/^\S+: /, "")} (is it running? see --shim)`;
   }
@@ -111,20 +137,72 @@ function positiveInt(flag: string, min = 1, max = Number.MAX_SAFE_INTEGER) {
   };
 }
 
-function seconds(flag: string) {
-  return (value: string): number => {
-    const n = Number(value);
-    if (value.trim() === "" || !Number.isFinite(n) || n < 0) {
-      throw new CliError(`${flag}: expected a number of seconds, got ${JSON.stringify(value)}`);
-    }
-    return n;
-  };
+/** `--reason`: dstack's reasons only (the shim would turn any other into terminated_by_server). */
+function terminationReason(value: string): string {
+  const reason = value.trim().toLowerCase();
+  if (!isTerminationReason(reason)) {
+    throw new CliError(
+      `--reason: unknown reason ${JSON.stringify(value)}; one of: ${TERMINATION_REASONS.join(", ")}`,
+    );
+  }
+  return reason;
 }
+
+/** `--filter status=running` (repeatable; statuses of one filter are alternatives). */
+export interface TaskFilter {
+  readonly statuses: readonly TaskStatus[];
+  readonly names: readonly string[];
+}
+
+/** Parses `--filter KEY=VALUE` entries: `status=<status>` and `name=<name>`. */
+export function parseTaskFilters(entries: readonly string[]): TaskFilter {
+  const statuses: TaskStatus[] = [];
+  const names: string[] = [];
+  for (const entry of entries) {
+    const eq = entry.indexOf("=");
+    const key = eq === -1 ? entry : entry.slice(0, eq);
+    const value = eq === -1 ? "" : entry.slice(eq + 1);
+    if (key === "status") {
+      if (!(TASK_STATUSES as readonly string[]).includes(value)) {
+        throw new CliError(
+          `--filter status: expected one of ${TASK_STATUSES.join(", ")}, got ${JSON.stringify(value)}`,
+        );
+      }
+      statuses.push(value as TaskStatus);
+    } else if (key === "name" && value !== "") {
+      names.push(value);
+    } else {
+      throw new CliError(`--filter: expected status=STATUS or name=NAME, got ${JSON.stringify(entry)}`);
+    }
+  }
+  return { statuses, names };
+}
+
+/** Whether a task passes every filter key given (values of one key are alternatives). */
+export function matchesFilter(task: ShimTaskInfo, filter: TaskFilter): boolean {
+  return (
+    (filter.statuses.length === 0 || filter.statuses.includes(task.status)) &&
+    (filter.names.length === 0 || filter.names.includes(task.name ?? ""))
+  );
+}
+
+/** `tasks wait`'s exit status: the task's exit code (0..255), 1 when it has none. */
+export function waitExitStatus(task: ShimTaskInfo): number {
+  const code = task.exit_code;
+  return code === null || code === undefined ? 1 : code & 0xff;
+}
+
+/** How often the client polls a task it waits for. */
+const WAIT_POLL_MS = 250;
 
 const collect = (value: string, previous: string[]): string[] => [...previous, value];
 
+const ID_HELP = "task id, a unique prefix of it, or the task's name";
+/** The longest grace a terminate may ask for (the shim's limit: a day). */
+const MAX_GRACE_MS = 86_400_000;
+
 /** Every task's full info; tasks removed between the list and the read are left out. */
-async function allTaskInfos(client: ShimClient, filter: (status: string) => boolean = () => true) {
+async function allTaskInfos(client: ShimClient, filter: (status: TaskStatus) => boolean = () => true) {
   const list = (await client.listTasks()).filter((t) => filter(t.status));
   const infos = await pLimit(8).map(list, async (t) => {
     try {
@@ -219,24 +297,37 @@ function addTaskCommands(tasks: Command): void {
     .addOption(shimOption())
     .addOption(tokenOption())
     .addOption(jsonOption())
+    .option("-q, --quiet", "print only the task ids, one a line")
+    .option(
+      "--filter <key=value>",
+      "only tasks with status=STATUS or name=NAME (repeatable)",
+      collect,
+      [] as string[],
+    )
     .action(async (options) =>
       run(options, async (client) => {
-        const { infos } = await allTaskInfos(client);
-        if (options.json) printJson(infos);
-        else print(formatTaskTable(infos));
+        const filter = parseTaskFilters(options.filter);
+        const { infos } = await allTaskInfos(client, (status) =>
+          filter.statuses.length === 0 ? true : filter.statuses.includes(status),
+        );
+        const shown = newestFirst(infos.filter((t) => matchesFilter(t, filter)));
+        if (options.quiet) {
+          if (shown.length > 0) print(shown.map((t) => t.id).join("\n"));
+        } else if (options.json) printJson(shown);
+        else print(formatTaskTable(shown));
       }),
     );
 
   tasks
     .command("get")
-    .description("show one task")
-    .argument("<id>", "task id")
+    .description("show one task: status, exit code, times, container, GPUs, ports, pull")
+    .argument("<id>", ID_HELP)
     .addOption(shimOption())
     .addOption(tokenOption())
     .addOption(jsonOption())
     .action(async (id, options) =>
       run(options, async (client) => {
-        const task = await client.getTask(id);
+        const task = await resolveTask(client, id);
         if (options.json) printJson(task);
         else print(formatTaskDetails(task));
       }),
@@ -263,6 +354,7 @@ function addTaskCommands(tasks: Command): void {
     .option("--cpu <n>", "CPUs, fractions allowed (0 = all)")
     .option("--memory <size>", "memory limit, like 4GiB or 512MiB (0 = none)")
     .option("--shm <size>", "/dev/shm size, like 1GiB")
+    .option("-u, --user <user>", "the container's user, name or uid[:gid] (default: root, as dstack-shim)")
     .option("--mount <host:container>", "bind mount a host dir (repeatable)", collect, [] as string[])
     .addOption(new Option("--network <mode>", "network mode").choices(["host", "bridge"] as const))
     .option("--registry-user <user>", "registry username")
@@ -272,14 +364,14 @@ function addTaskCommands(tasks: Command): void {
     .option("--privileged", "run the container privileged")
     .option("-d, --detach", "print the submitted task and return without following it")
     .option(
-      "--timeout <seconds>",
-      "stop following after this long (the task goes on; 0 = never)",
-      seconds("--timeout"),
+      "--timeout <duration>",
+      "stop following after this long, like 30s or 5m (the task goes on; 0 = never)",
+      durationFlag(),
       0,
     )
     .addOption(
-      new Option("--poll-interval <ms>", "how often to poll")
-        .argParser(positiveInt("--poll-interval", 10))
+      new Option("--poll-interval <duration>", "how often to poll, like 250ms")
+        .argParser(durationFlag(10))
         .default(250)
         .hideHelp(),
     )
@@ -313,7 +405,7 @@ function addTaskCommands(tasks: Command): void {
         let final: ShimTaskInfo | undefined;
         try {
           final = await followStart(client, submitted.id, (task) => view.update(task), {
-            timeoutMs: options.timeout * 1000,
+            timeoutMs: options.timeout,
             pollMs: options.pollInterval,
           });
         } catch (error) {
@@ -330,95 +422,160 @@ function addTaskCommands(tasks: Command): void {
           if (final.termination_message) print(final.termination_message.replace(/^/gm, "  "));
         }
         if (!succeeded(final)) {
-          throw new CliError(`task ${final.id} failed: ${final.termination_reason}`);
+          const code =
+            final.exit_code === null || final.exit_code === undefined
+              ? ""
+              : ` (exit code ${final.exit_code})`;
+          throw new CliError(`task ${final.id} failed: ${final.termination_reason}${code}`);
         }
       }),
     );
 
   tasks
     .command("terminate")
-    .description("terminate a task: stop its container (SIGTERM, then SIGKILL) and release its resources")
-    .argument("<id>", "task id")
-    .option("--reason <reason>", "termination reason recorded on the task", "terminated_by_user")
+    .alias("stop")
+    .description(
+      "terminate a task: stop its container (SIGTERM, then SIGKILL after --timeout), release its resources, and wait until it is terminated",
+    )
+    .argument("<id>", ID_HELP)
+    .option(
+      "--reason <reason>",
+      "termination reason recorded on the task (one of dstack's)",
+      terminationReason,
+      "terminated_by_user",
+    )
     .option("--message <text>", "termination message", "")
     .option(
-      "--timeout <seconds>",
-      "seconds between SIGTERM and SIGKILL",
-      positiveInt("--timeout", 0, 86_400),
-      10,
+      "--timeout <duration>",
+      "grace between SIGTERM and SIGKILL, like 10s or 2m (a bare number is seconds)",
+      durationFlag(0, MAX_GRACE_MS),
+      10_000,
     )
     .addOption(shimOption())
     .addOption(tokenOption())
     .addOption(jsonOption())
     .action(async (id, options) =>
       run(options, async (client) => {
-        const task = await client.terminateTask(id, options.reason, options.message, options.timeout);
-        if (options.json) printJson(task);
-        else print(formatTaskDetails(task));
+        const task = await resolveTask(client, id);
+        const grace = Math.ceil(options.timeout / 1000);
+        await client.terminateTask(task.id, options.reason, options.message, grace);
+        // The answer can come before the stop is over (a pull cancelled, a stop cut by a
+        // restart): the command ends when the task is terminated.
+        const final = await waitTerminated(client, task.id, { timeoutMs: 0, pollMs: WAIT_POLL_MS });
+        if (options.json) printJson(final);
+        else print(formatTaskDetails(final));
       }),
     );
+
+  tasks
+    .command("wait")
+    .description(
+      "block until the tasks are terminated, print each one's exit code, and exit with the last one's (1 when it has none)",
+    )
+    .argument("<id...>", ID_HELP)
+    .option("--timeout <duration>", "give up after this long, like 10m (0 = never)", durationFlag(), 0)
+    .addOption(shimOption())
+    .addOption(tokenOption())
+    .action(async (ids, options) => {
+      let status = 0;
+      await run(options, async (client) => {
+        const deadline = options.timeout > 0 ? Date.now() + options.timeout : 0;
+        for (const given of ids) {
+          const task = await resolveTask(client, given);
+          const final = await waitTerminated(client, task.id, {
+            timeoutMs: deadline === 0 ? 0 : Math.max(1, deadline - Date.now()),
+            pollMs: WAIT_POLL_MS,
+          });
+          print(final.exit_code === null || final.exit_code === undefined ? "-" : String(final.exit_code));
+          status = waitExitStatus(final);
+        }
+      });
+      process.exitCode = status;
+    });
 
   tasks
     .command("rm")
     .alias("remove")
     .description("remove a terminated task: its container, its resources and its directory")
-    .argument("<id>", "task id")
-    .option("--force", "terminate the task first (no grace period) if it is not terminated yet")
+    .argument("<id>", ID_HELP)
+    .option("-f, --force", "terminate the task first (no grace period) if it is not terminated yet")
     .addOption(shimOption())
     .addOption(tokenOption())
     .addOption(jsonOption())
     .action(async (id, options) =>
       run(options, async (client) => {
-        if (options.force) {
-          const task = await client.getTask(id);
-          if (task.status !== "terminated")
-            await client.terminateTask(id, "terminated_by_user", "removed with --force", 0);
+        const task = await resolveTask(client, id);
+        if (options.force && task.status !== "terminated") {
+          await client.terminateTask(task.id, "terminated_by_user", "removed with --force", 0);
+          await waitTerminated(client, task.id, { timeoutMs: 0, pollMs: WAIT_POLL_MS });
         }
-        await client.removeTask(id);
-        if (options.json) printJson({ id, removed: true });
-        else print(`removed task ${id}`);
+        await client.removeTask(task.id);
+        if (options.json) printJson({ id: task.id, removed: true });
+        else print(`removed task ${task.id}`);
       }),
     );
 
   tasks
     .command("logs")
     .description("print the last lines of a task's container output (stdout and stderr)")
-    .argument("<id>", "task id")
+    .argument("<id>", ID_HELP)
     .option("-n, --tail <lines>", "how many lines (1..10000)", positiveInt("--tail", 1, 10_000), 100)
     .addOption(shimOption())
     .addOption(tokenOption())
     .action(async (id, options) =>
       run(options, async (client) => {
-        process.stdout.write(await client.logs(id, options.tail));
+        const task = await resolveTask(client, id);
+        if (!task.container_id) {
+          throw new CliError(
+            `task ${task.id} has no container (${task.status}${task.termination_reason ? `: ${task.termination_reason}` : ""}), so no output; see taskshim tasks get ${task.id}`,
+          );
+        }
+        process.stdout.write(await client.logs(task.id, options.tail));
       }),
     );
 
   tasks
     .command("watch")
-    .description("print task status changes as they happen, until Ctrl-C")
+    .description(
+      "print task status changes as they happen (the shim's event stream; every status, however short), until Ctrl-C",
+    )
     .option("--once", "print the current tasks and exit")
-    .option("--timeout <seconds>", "exit after this long (0 = never)", seconds("--timeout"), 0)
-    .option("--interval <ms>", "poll interval", positiveInt("--interval", 10), 1_000)
+    .option("--timeout <duration>", "exit after this long, like 30s (0 = never)", durationFlag(), 0)
+    .option(
+      "--interval <duration>",
+      "poll interval for a shim without the event stream (dstack-shim), like 1s",
+      durationFlag(10),
+      1_000,
+    )
     .addOption(shimOption())
     .addOption(tokenOption())
     .addOption(new Option("--json", "print one JSON object per event (NDJSON)"))
     .action(async (options) =>
       run(options, async (client) => {
-        await watchTasks(
-          client,
-          (event) => print(options.json ? JSON.stringify(event) : formatWatchEvent(event)),
-          {
+        const emit = (event: WatchEvent): void =>
+          print(options.json ? JSON.stringify(event) : formatWatchEvent(event));
+        const onReachability = (reachable: boolean, error?: Error): void => {
+          process.stderr.write(
+            reachable
+              ? "taskshim: shim reachable again\n"
+              : `taskshim: ${describeClientError(error, options.shim)}; retrying\n`,
+          );
+        };
+        const poll = (): Promise<void> =>
+          watchTasks(client, emit, {
             intervalMs: options.interval,
             once: options.once === true,
-            timeoutMs: options.timeout * 1000,
-            onReachability: (reachable, error) =>
-              process.stderr.write(
-                reachable
-                  ? "taskshim: shim reachable again\n"
-                  : `taskshim: ${describeClientError(error, options.shim)}; retrying\n`,
-              ),
-          },
-        );
+            timeoutMs: options.timeout,
+            onReachability,
+          });
+        if (options.once) return poll();
+        try {
+          await followEvents(client, emit, { timeoutMs: options.timeout, retryMs: 1_000, onReachability });
+        } catch (error) {
+          // dstack-shim (or an older taskshim) has no event stream: poll the task list instead.
+          if (error instanceof ShimHttpError && (error.status === 404 || error.status === 405)) return poll();
+          throw error;
+        }
       }),
     );
 }

@@ -1,12 +1,13 @@
 import { readFile } from "node:fs/promises";
-import { Command } from "@commander-js/extra-typings";
+import { Command, CommanderError } from "@commander-js/extra-typings";
 import { formatUpgradeTable, upgradeFleet } from "../control/upgrade.js";
 import { ConfigError, resolveShimConfig, SERVE_SETTINGS, type ServeFlags } from "../config/shim-config.js";
 import { VERSION } from "../version.js";
 import { addClientCommands } from "./client-commands.js";
 import { addFenceCommand } from "./fence.js";
 import { holdApiSocket } from "./held-socket.js";
-import { supervise } from "./supervise.js";
+import { durationFlag } from "./durations.js";
+import { EXIT_CONFIG, supervise } from "./supervise.js";
 import { addVersionCommand } from "./version-command.js";
 
 /** The path of this shim's own executable: the SEA binary, or the bundle run by node. */
@@ -33,7 +34,10 @@ export function buildCli(): Command {
   const program = new Command("taskshim")
     .description("A dstack-shim compatible host agent that runs tasks as Docker containers")
     .version(`taskshim version ${VERSION}`, "-v, --version", "print the version")
-    .showHelpAfterError()
+    // Errors become one `taskshim:` line in main(); the usage is printed only for --help.
+    // Both settings are inherited by every command added below.
+    .exitOverride()
+    .configureOutput({ outputError: () => undefined })
     .enablePositionalOptions();
   const serveCommand = program.command("serve").description("run the shim against the local Docker Engine");
   for (const setting of Object.values(SERVE_SETTINGS)) {
@@ -45,11 +49,33 @@ export function buildCli(): Command {
   program
     .command("supervise")
     .description(
-      "keep `taskshim serve` running without systemd: restart at once after a handoff (exit 0), later after a crash",
+      "keep `taskshim serve` running without systemd: restart at once after a handoff (exit 0), with a backoff after a crash, never after a configuration error (exit 78)",
     )
     .option("--binary <path>", "the shim binary to run (default: this one); an install replaces it")
-    .option("--crash-delay <ms>", "delay before restarting after a crash", "3000")
-    .option("--handoff-delay <ms>", "delay before restarting after exit 0", "100")
+    .option(
+      "--crash-delay <duration>",
+      "first delay before a restart after a crash, doubled per crash",
+      durationFlag(0, 3_600_000),
+      3_000,
+    )
+    .option(
+      "--max-crash-delay <duration>",
+      "the longest delay between crash restarts",
+      durationFlag(0, 86_400_000),
+      60_000,
+    )
+    .option(
+      "--stable-after <duration>",
+      "a run this long resets the crash backoff",
+      durationFlag(0, 86_400_000),
+      60_000,
+    )
+    .option(
+      "--handoff-delay <duration>",
+      "delay before restarting after exit 0",
+      durationFlag(0, 3_600_000),
+      100,
+    )
     .argument("[serve-args...]", "arguments for `serve` (after --)")
     .passThroughOptions()
     .action(async (serveArgs, options) => {
@@ -58,8 +84,10 @@ export function buildCli(): Command {
       const code = await supervise({
         binary: options.binary ?? ownBinaryPath(),
         serveArgs,
-        crashDelayMs: Number(options.crashDelay),
-        handoffDelayMs: Number(options.handoffDelay),
+        crashDelayMs: options.crashDelay,
+        maxCrashDelayMs: Math.max(options.maxCrashDelay, options.crashDelay),
+        stableAfterMs: options.stableAfter,
+        handoffDelayMs: options.handoffDelay,
         heldSocket: holding.kind === "hold",
       });
       process.exit(code);
@@ -93,18 +121,86 @@ export function buildCli(): Command {
   return program;
 }
 
-/** Entry point: one clear line and a non-zero exit on any startup failure. */
+export { EXIT_CONFIG };
+
+/** The command words of argv (`tasks get`), for the `--help` hint of a usage error. */
+function commandPath(program: Command, args: readonly string[]): string[] {
+  const path: string[] = [];
+  let command: Command = program;
+  for (const word of args) {
+    if (word.startsWith("-")) continue;
+    const next = command.commands.find((c) => c.name() === word || c.aliases().includes(word));
+    if (!next) break;
+    path.push(next.name());
+    command = next as Command;
+  }
+  return path;
+}
+
+/** The one line and exit status for an error that ended the command. */
+export function describeFailure(
+  error: unknown,
+  path: readonly string[],
+): { readonly line: string; readonly code: number } | { readonly line?: undefined; readonly code: number } {
+  const serving = path[0] === "serve";
+  if (error instanceof CommanderError) {
+    // --help and --version end here with exit code 0; help shown for a missing subcommand, 1.
+    if (error.code === "commander.helpDisplayed" || error.code === "commander.version") return { code: 0 };
+    if (error.code === "commander.help") return { code: error.exitCode };
+    // commander's `option '--timeout <duration>' argument 'abc' is invalid. <why>` → `--timeout: <why>, got "abc"`.
+    const invalid = /^error: option '(-[^ ,']+)[^']*' argument '(.*)' is invalid\. (.*)$/s.exec(
+      error.message,
+    );
+    const message = invalid
+      ? `${invalid[1]}: ${invalid[3]}, got ${JSON.stringify(invalid[2])}`
+      : error.message.replace(/^error: /, "");
+    const help = ["taskshim", ...path, "--help"].join(" ");
+    return {
+      line: `taskshim: ${serving ? "configuration error: " : ""}${message} (see ${help})`,
+      code: serving ? EXIT_CONFIG : 1,
+    };
+  }
+  // One line, whatever the error carries: scripts read stderr line by line.
+  const message = (error instanceof Error ? error.message : String(error)).trim().replace(/\s*\n\s*/g, " ");
+  if (error instanceof ConfigError)
+    return { line: `taskshim: configuration error: ${message}`, code: EXIT_CONFIG };
+  return { line: `taskshim: ${message}`, code: 1 };
+}
+
+/**
+ * A reader that went away (`taskshim tasks watch | head -1`) ends the command quietly and
+ * successfully, as it does for other Unix tools; without this, the EPIPE is a stack trace.
+ */
+function endQuietlyOnClosedPipe(): void {
+  for (const stream of [process.stdout, process.stderr]) {
+    stream.on("error", (error: NodeJS.ErrnoException) => {
+      if (error.code === "EPIPE") process.exit(0);
+      throw error;
+    });
+  }
+}
+
+/** Entry point: one clear line and a non-zero exit on any failure. */
 export function main(argv: string[] = process.argv): void {
-  buildCli()
+  endQuietlyOnClosedPipe();
+  const program = buildCli();
+  let settled = false;
+  const path = commandPath(program, argv.slice(2));
+  // A client request whose socket went away without an error leaves nothing to wait for: Node
+  // would exit 0 in silence, as if the command had succeeded. (`serve` ends by emptying its
+  // event loop on purpose.)
+  process.once("beforeExit", () => {
+    if (settled || (path[0] !== "status" && path[0] !== "tasks")) return;
+    process.stderr.write("taskshim: the command ended without an answer from the shim\n");
+    process.exit(1);
+  });
+  program
     .parseAsync(argv)
+    .then(() => (settled = true))
     .catch((error: unknown) => {
-      // One line, whatever the error carries: scripts read stderr line by line.
-      const message = (error instanceof Error ? error.message : String(error))
-        .trim()
-        .replace(/\s*\n\s*/g, " ");
-      process.stderr.write(
-        `taskshim: ${error instanceof ConfigError ? "configuration error: " : ""}${message}\n`,
-      );
-      process.exit(1);
+      settled = true;
+      const { line, code } = describeFailure(error, path);
+      if (line !== undefined) process.stderr.write(`${line}\n`);
+      process.exit(code);
     });
 }

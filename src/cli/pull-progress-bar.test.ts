@@ -1,7 +1,14 @@
 import { describe, expect, it } from "vitest";
 import type { ShimTaskInfo } from "../control/shim-client.js";
 import type { TaskStatus } from "../tasks/task-status.js";
-import { describePull, progressBar, pullFraction, SubmitProgressView } from "./pull-progress-bar.js";
+import {
+  barLine,
+  describePull,
+  lineWidth,
+  progressBar,
+  pullFraction,
+  SubmitProgressView,
+} from "./pull-progress-bar.js";
 
 const MB = 1_000_000;
 
@@ -116,31 +123,43 @@ describe("SubmitProgressView, plain output", () => {
 });
 
 describe("SubmitProgressView, terminal", () => {
-  it("redraws one bar line in place and replaces it with the final size", () => {
+  it("redraws one bar line in place, always of the same width, and replaces it with the final size", () => {
     const out = new Output(true, 100);
     const view = new SubmitProgressView(out, () => 0);
+    view.update(task("pulling", null));
     view.update(task("pulling", pull(1 * MB, 0, 4 * MB)));
+    view.update(task("pulling", pull(4 * MB, 1 * MB, 4 * MB)));
     view.update(task("pulling", pull(4 * MB, 4 * MB, 4 * MB)));
     view.update(task("creating", pull(4 * MB, 4 * MB, 4 * MB)));
     view.end(task("running", pull(4 * MB, 4 * MB, 4 * MB)));
     const frames = out.text.split("\r\x1b[K");
-    expect(frames[1]).toMatch(/^\[#+-+\] {2}12% pulling 1\.0 MB \/ 4\.0 MB$/);
-    expect(frames[2]).toMatch(/^\[#+\] 100% pulling 4\.0 MB \/ 4\.0 MB$/);
-    expect(frames[3]).toBe("pulled 4.0 MB\ncreating\n");
+    expect(frames[1]).toMatch(/^\[-+\] {3}0% pulling \(waiting for layer sizes\) *$/);
+    expect(frames[2]).toMatch(/^\[#+-+\] {2}12% pulling 1\.0 MB \/ 4\.0 MB *$/);
+    expect(frames[3]).toMatch(/^\[#+-+\] {2}62% extracting 1\.0 MB \/ 4\.0 MB *$/);
+    expect(frames[4]).toMatch(/^\[#+\] 100% pulling 4\.0 MB \/ 4\.0 MB *$/);
+    expect(new Set(frames.slice(1, 5).map((f) => f.length))).toEqual(new Set([lineWidth(100)]));
+    expect(frames[5]).toBe("pulled 4.0 MB\ncreating\n");
   });
 
-  it("ends an interrupted bar with a newline", () => {
+  it("clears a bar whose pull failed or was interrupted, leaving nothing of it on screen", () => {
     const out = new Output(true, 100);
     const view = new SubmitProgressView(out, () => 0);
     view.update(task("pulling", null));
-    view.end(undefined);
-    expect(out.text.endsWith("pulling (waiting for layer sizes)\n")).toBe(true);
+    view.update(task("terminated", null));
+    view.end(task("terminated", null));
+    expect(out.text.endsWith("\r\x1b[K")).toBe(true);
+    const interrupted = new Output(true, 100);
+    const other = new SubmitProgressView(interrupted, () => 0);
+    other.update(task("pulling", pull(1 * MB, 0, 4 * MB)));
+    other.end(undefined);
+    expect(interrupted.text.endsWith("\r\x1b[K")).toBe(true);
   });
 
-  it("leaves the bar out on a narrow terminal", () => {
+  it("keeps the width on a narrow terminal, the bar left out", () => {
     const out = new Output(true, 30);
     const view = new SubmitProgressView(out, () => 0);
     view.update(task("pulling", pull(1 * MB, 0, 4 * MB)));
-    expect(out.text).toBe("\r\x1b[Kpulling 1.0 MB / 4.0 MB");
+    expect(out.text).toBe(`\r\x1b[K${" 12% pulling 1.0 MB / 4.0 MB".padEnd(lineWidth(30))}`);
+    expect(barLine(pull(1 * MB, 0, 4 * MB), 30)).toHaveLength(29);
   });
 });

@@ -30,14 +30,45 @@ export function describePull(progress: ShimPullProgress | null | undefined): str
   return `pulling ${formatBytes(progress.downloaded_bytes)} / ${total}`;
 }
 
-/** The fraction of the pull that is done (download and extraction weigh the same). */
+/**
+ * The fraction of the pull that is done, by bytes over download and extraction together: each
+ * byte counts once downloaded and once extracted, so a pull is 50 % when everything is down and
+ * nothing extracted yet (the same figure as `Pulling N%` in `tasks ls`).
+ */
 export function pullFraction(progress: ShimPullProgress | null | undefined): number {
   if (!progress || progress.total_bytes <= 0) return 0;
-  return (progress.downloaded_bytes + progress.extracted_bytes) / (2 * progress.total_bytes);
+  const total = progress.total_bytes;
+  return (
+    (Math.min(progress.downloaded_bytes, total) + Math.min(progress.extracted_bytes, total)) / (2 * total)
+  );
 }
 
 const CLEAR_LINE = "\r\x1b[K";
 const BAR_MAX_WIDTH = 32;
+/** The widest a redrawn line gets; narrower terminals get their width less one column. */
+const LINE_MAX_WIDTH = 72;
+
+/**
+ * One redraw of the bar, always exactly `lineWidth(columns)` characters wide whatever the
+ * numbers say (a line that shrinks leaves stale characters on some terminals and jitters on
+ * all): `[####----]  45% pulling 12.3 MB / 45.6 MB   `.
+ */
+export function barLine(progress: ShimPullProgress | null | undefined, columns: number): string {
+  const width = lineWidth(columns);
+  const percent = `${Math.floor(pullFraction(progress) * 100)}%`.padStart(4);
+  const barWidth = Math.min(BAR_MAX_WIDTH, width - 30);
+  const head =
+    barWidth >= 10 ? `${progressBar(pullFraction(progress), barWidth)} ${percent} ` : `${percent} `;
+  const room = width - head.length;
+  const text = describePull(progress);
+  const fitted = text.length > room ? `${text.slice(0, Math.max(0, room - 1))}…` : text.padEnd(room);
+  return `${head}${fitted}`;
+}
+
+/** The width of every bar line on a terminal of `columns` (0 = unknown: 80). */
+export function lineWidth(columns: number): number {
+  return Math.max(20, Math.min(LINE_MAX_WIDTH, (columns || 80) - 1));
+}
 
 /**
  * Shows a submitted task's way to `running`: a line per status, and the pull as a redrawn bar
@@ -76,22 +107,26 @@ export class SubmitProgressView {
     if (task.status === "pulling") this.showPull(progress, false);
   }
 
-  /** Ends the display: a bar still drawn is replaced by the pull's final numbers. */
+  /**
+   * Ends the display: a bar still drawn is replaced by the pull's final numbers, or cleared
+   * (a failed or interrupted pull leaves no half-drawn bar behind).
+   */
   end(task: ShimTaskInfo | undefined): void {
     if (task && !this.pulledShown && (task.image_pull_progress ?? null) !== null) {
       this.showPulled(task.image_pull_progress ?? null);
     }
+    this.clearBar();
+  }
+
+  private clearBar(): void {
     if (this.barShown) {
-      this.out.write("\n");
+      this.out.write(CLEAR_LINE);
       this.barShown = false;
     }
   }
 
   private line(text: string): void {
-    if (this.barShown) {
-      this.out.write(CLEAR_LINE);
-      this.barShown = false;
-    }
+    this.clearBar();
     this.out.write(`${text}\n`);
   }
 
@@ -99,11 +134,7 @@ export class SubmitProgressView {
     const text = describePull(progress);
     if (this.tty) {
       // A pseudo-terminal without a window size reports 0 columns.
-      const columns = this.out.columns || 80;
-      const width = Math.min(BAR_MAX_WIDTH, columns - text.length - 8);
-      const percent = `${Math.floor(pullFraction(progress) * 100)}%`.padStart(4);
-      const bar = width >= 10 ? `${progressBar(pullFraction(progress), width)} ${percent} ` : "";
-      this.out.write(`${CLEAR_LINE}${bar}${text}`);
+      this.out.write(`${CLEAR_LINE}${barLine(progress, this.out.columns ?? 0)}`);
       this.barShown = true;
       return;
     }

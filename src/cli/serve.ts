@@ -1,13 +1,14 @@
 import { setMaxListeners } from "node:events";
 import { existsSync } from "node:fs";
 import { chmod, mkdir, readFile, stat } from "node:fs/promises";
+import { createServer } from "node:net";
 import { join } from "node:path";
 import { pino, type Logger } from "pino";
 import { ShimMetrics } from "../api/metrics.js";
 import { buildApi } from "../api/server.js";
 import { ComponentService } from "../components/component-service.js";
 import { redactUrl, redactUrlsIn } from "../components/redact-url.js";
-import { containerParamsOf, type ShimConfig } from "../config/shim-config.js";
+import { ConfigError, containerParamsOf, type ShimConfig } from "../config/shim-config.js";
 import { DockerodeClient } from "../docker/dockerode-client.js";
 import { BoundedCommandRunner } from "../exec/run-bounded.js";
 import { AuthorizedKeys, HostKeysReconciler, passwdUserLookup } from "../host/authorized-keys.js";
@@ -28,7 +29,7 @@ import { StorageHealth } from "../state/storage-health.js";
 import { TaskDirs } from "../state/task-dirs.js";
 import { TaskStore } from "../tasks/task-store.js";
 import { VERSION } from "../version.js";
-import { listenTarget, SocketActivationError } from "./listen-target.js";
+import { listenTarget, type ListenTarget } from "./listen-target.js";
 
 /** Startup could not complete; the message is one line for the operator. */
 export class StartupError extends Error {
@@ -61,10 +62,14 @@ function createLogger(config: ShimConfig): { log: Logger; logFile: LogFileSink }
     {
       level: config.logLevel,
       base: { pid: process.pid },
+      // ISO 8601, readable by a person and by every log shipper (epoch ms are neither).
+      timestamp: pino.stdTimeFunctions.isoTime,
       redact: { paths: REDACT, censor: "[redacted]" },
-      // URLs lose userinfo and query string wherever they are logged.
+      // URLs lose userinfo and query string wherever they are logged (an expected failure is
+      // logged as its message alone, under `error`).
       serializers: {
         err: serializeError,
+        error: (text: unknown) => (typeof text === "string" ? redactUrlsIn(text) : text),
         url: (url: unknown) => (typeof url === "string" ? redactUrl(url) : url),
       },
     },
@@ -87,21 +92,52 @@ async function readAuthToken(file: string): Promise<string | undefined> {
     // As sshd with its keys: a secret others may read is refused, with the fix named.
     const mode = (await stat(file)).mode;
     if ((mode & 0o077) !== 0) {
-      throw new StartupError(
+      throw new ConfigError(
         `the auth token file ${file} is accessible by group or others: chmod 600 ${file}`,
       );
     }
     token = (await readFile(file, "utf8")).trim();
   } catch (error) {
-    if (error instanceof StartupError) throw error;
-    throw new StartupError(`cannot read the auth token file ${file}: ${(error as Error).message}`, {
+    if (error instanceof ConfigError) throw error;
+    throw new ConfigError(`cannot read the auth token file ${file}: ${(error as Error).message}`, {
       cause: error,
     });
   }
   if (token.length < 16 || /\s/.test(token)) {
-    throw new StartupError(`the auth token in ${file} must be at least 16 characters without whitespace`);
+    throw new ConfigError(`the auth token in ${file} must be at least 16 characters without whitespace`);
   }
   return token;
+}
+
+/**
+ * Binds the API's address for a moment and lets it go: a taken port is found before anything
+ * is restored (restoring first logged every finalized task ahead of the one line that matters).
+ * Another process could take the port between this probe and the real listen; that rare race
+ * still ends in the same one-line error, only later.
+ */
+export async function probeListen(host: string, port: number): Promise<void> {
+  const server = createServer();
+  try {
+    await new Promise<void>((resolve, reject) => {
+      server.once("error", reject);
+      server.listen({ host, port, exclusive: true }, resolve);
+    });
+  } catch (error) {
+    throw listenError(error, host, port);
+  }
+  await new Promise<void>((resolve) => server.close(() => resolve()));
+}
+
+function listenError(error: unknown, host: string, port: number): StartupError {
+  const code = (error as NodeJS.ErrnoException).code;
+  return new StartupError(
+    code === "EADDRINUSE"
+      ? `port ${port} on ${host} is already in use (choose another with --shim-http-port)`
+      : code === "EADDRNOTAVAIL"
+        ? `cannot listen on ${host}:${port}: the address is not on this host (see --shim-http-address)`
+        : `cannot listen on ${host}:${port}: ${(error as Error).message}`,
+    { cause: error },
+  );
 }
 
 /** A running shim: `stopped` settles once it has shut down. */
@@ -122,6 +158,15 @@ export interface RunningShim {
 export async function startShim(config: ShimConfig): Promise<RunningShim> {
   await mkdir(config.home, { recursive: true, mode: 0o755 });
   const authToken = await readAuthToken(config.authTokenFile);
+  // Every cheap precondition before the home lock, the engine and the restore. A socket systemd
+  // or the supervisor passes in is already bound: only an address of our own is probed.
+  let target: ListenTarget;
+  try {
+    target = listenTarget({ host: config.httpAddress, port: config.httpPort }, process.env, process.pid);
+  } catch (error) {
+    throw new StartupError((error as Error).message, { cause: error });
+  }
+  if (target.kind === "address") await probeListen(target.host, target.port);
   let lock: HomeLock;
   try {
     lock = await acquireHomeLock(config.home);
@@ -147,8 +192,7 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
   let stopHomeWatch = (): void => undefined;
   try {
     const store = new TaskStore();
-    const metrics = new ShimMetrics(store);
-    metrics.starts.inc();
+    const metrics = new ShimMetrics(store, VERSION);
     metrics.logLinesDropped.inc(logFile.state().droppedLines);
     logFile.onDropped = (lines) => metrics.logLinesDropped.inc(lines);
     const docker = DockerodeClient.fromEnv(process.env.DOCKER_HOST, metrics.countEngineCall);
@@ -264,24 +308,12 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
       homeHealth: () => homeWatch.current(),
     });
     try {
-      const target = listenTarget(
-        { host: config.httpAddress, port: config.httpPort },
-        process.env,
-        process.pid,
-      );
       // fastify hands its options to net.Server#listen, which serves `fd` and then ignores
       // `host`; a host other than "localhost" keeps fastify from adding a second (::1) binding.
       const inherited = { fd: target.kind === "inherited" ? target.fd : -1, host: "127.0.0.1" };
       await app.listen(target.kind === "inherited" ? inherited : target);
     } catch (error) {
-      if (error instanceof SocketActivationError) throw new StartupError(error.message, { cause: error });
-      const code = (error as NodeJS.ErrnoException).code;
-      throw new StartupError(
-        code === "EADDRINUSE"
-          ? `port ${config.httpPort} on ${config.httpAddress} is already in use`
-          : `cannot listen on ${config.httpAddress}:${config.httpPort}: ${(error as Error).message}`,
-        { cause: error },
-      );
+      throw listenError(error, config.httpAddress, config.httpPort);
     }
     // The socket actually served: systemd's, when socket-activated, may differ from the flags.
     const bound = app.server.address();
@@ -290,7 +322,16 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
         ? `http://${bound.address}:${bound.port}`
         : `http://${config.httpAddress}:${config.httpPort}`;
     log.info(
-      { address, version: VERSION, tasks: report.restored, gpus: inventory.gpus.length, homeId },
+      {
+        address,
+        home: config.home,
+        engine: process.env.DOCKER_HOST ?? "unix:///var/run/docker.sock",
+        version: VERSION,
+        node: process.version,
+        tasks: report.restored,
+        gpus: inventory.gpus.length,
+        homeId,
+      },
       "taskshim serving",
     );
 

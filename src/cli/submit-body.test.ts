@@ -60,6 +60,12 @@ describe("buildSubmitBody from flags", () => {
     expect(() => parseTaskConfig(body)).not.toThrow();
   });
 
+  it("sets container_user only when --user is given, and takes 0 as a size without a unit", () => {
+    expect(build({ image: "a", user: "1000:1000" }).container_user).toBe("1000:1000");
+    expect(build({ image: "a" })).not.toHaveProperty("container_user");
+    expect(build({ image: "a", memory: "0" }).memory).toBe(0);
+  });
+
   it("accepts -1 and 0 GPUs", () => {
     expect(build({ image: "a", gpu: "-1" }).gpu).toBe(-1);
     expect(build({ image: "a", gpu: "0" }).gpu).toBe(0);
@@ -70,6 +76,9 @@ describe("buildSubmitBody from flags", () => {
       [{}, /no image/],
       [{ image: "a", memory: "4XB" }, /^--memory: invalid size "4XB"/],
       [{ image: "a", shm: "-1" }, /^--shm: invalid size/],
+      [{ image: "a", memory: "4" }, /^--memory: give a unit, like 4GiB or 4MiB/],
+      [{ image: "a", memory: "4 GB" }, /^--memory: write the size as one word, like 4GiB/],
+      [{ image: "a", user: "a b" }, /^--user:/],
       [{ image: "a", gpu: "two" }, /^--gpu:/],
       [{ image: "a", gpu: "-2" }, /^--gpu:/],
       [{ image: "a", gpu: "1.5" }, /^--gpu:/],

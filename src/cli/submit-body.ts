@@ -24,6 +24,8 @@ export interface SubmitFlags {
   readonly registryUser?: string | undefined;
   readonly registryPassword?: string | undefined;
   readonly privileged?: boolean | undefined;
+  /** `--user` → `container_user` (the shim's default is root, as dstack-shim's). */
+  readonly user?: string | undefined;
 }
 
 /** The `POST /api/tasks` body the CLI sends (dstack-shim's TaskConfig plus taskshim's extensions). */
@@ -36,6 +38,14 @@ function fail(message: string): never {
 }
 
 function size(value: string, flag: string): number {
+  // `--memory 4 GB` would read 4 bytes and make `GB` a word of the command: one token, with a unit.
+  if (/\s/.test(value.trim()))
+    fail(`${flag}: write the size as one word, like 4GiB (got ${JSON.stringify(value)})`);
+  if (/^\d+(\.\d+)?$/.test(value.trim()) && Number(value) !== 0) {
+    fail(
+      `${flag}: give a unit, like ${value.trim()}GiB or ${value.trim()}MiB (got ${JSON.stringify(value)})`,
+    );
+  }
   try {
     return parseSize(value);
   } catch (error) {
@@ -147,5 +157,13 @@ export function buildSubmitBody(
   if (flags.registryUser !== undefined) body.registry_username = flags.registryUser;
   if (flags.registryPassword !== undefined) body.registry_password = flags.registryPassword;
   if (flags.privileged === true) body.privileged = true;
+  if (flags.user !== undefined) {
+    if (!/^[A-Za-z0-9_.-]{1,64}(:[A-Za-z0-9_.-]{1,64})?$/.test(flags.user)) {
+      fail(
+        `--user: expected a user name or uid, optionally :group or :gid, got ${JSON.stringify(flags.user)}`,
+      );
+    }
+    body.container_user = flags.user;
+  }
   return body as SubmitBody;
 }

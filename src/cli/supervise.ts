@@ -1,6 +1,10 @@
 import { spawn, type ChildProcess } from "node:child_process";
+import { constants } from "node:os";
 import { setTimeout as sleep } from "node:timers/promises";
 import { heldSocketSpawn } from "./held-socket.js";
+
+/** sysexits' EX_CONFIG, which `serve` exits with on a configuration error: restarting cannot help. */
+export const EXIT_CONFIG = 78;
 
 /** Options of `taskshim supervise`. */
 export interface SuperviseOptions {
@@ -8,58 +12,111 @@ export interface SuperviseOptions {
   readonly binary: string;
   /** Arguments after `serve`. */
   readonly serveArgs: readonly string[];
-  /** Delay before restarting after a non-zero exit (a crash), in ms. */
+  /** Delay before the first restart after a crash (a non-zero exit), in ms; doubled per crash. */
   readonly crashDelayMs: number;
+  /** The longest delay between crash restarts, in ms. */
+  readonly maxCrashDelayMs: number;
+  /** A run at least this long (ms) counts as stable: the next crash starts from crashDelayMs again. */
+  readonly stableAfterMs: number;
   /** Delay before restarting after exit 0 (an upgrade handoff), in ms. */
   readonly handoffDelayMs: number;
   /** fd 3 is the API's listening socket: hand it to every shim (src/cli/held-socket.ts). */
   readonly heldSocket?: boolean;
+  /** Where the supervisor's own lines go (JSON, one a line); stderr by default. */
+  readonly log?: (line: string) => void;
 }
 
-function note(message: string, fields: Record<string, unknown> = {}): void {
-  process.stderr.write(
-    `${JSON.stringify({ time: Date.now(), supervisor: true, msg: message, ...fields })}\n`,
-  );
+/** How a child ended: its code, or the signal that killed it and the shell's 128+N for it. */
+export interface ChildExit {
+  readonly code: number;
+  readonly signal?: NodeJS.Signals;
+}
+
+/** `exit` event values → one exit: a signal becomes 128 + its number, as a shell reports it. */
+export function childExit(code: number | null, signal: NodeJS.Signals | null): ChildExit {
+  if (code !== null) return { code };
+  if (signal !== null) return { code: 128 + (constants.signals[signal] ?? 0), signal };
+  return { code: 1 };
+}
+
+/** The delay before restart number `crashes` in a row (1 = the first crash): doubled, capped. */
+export function crashDelay(
+  crashes: number,
+  options: Pick<SuperviseOptions, "crashDelayMs" | "maxCrashDelayMs">,
+): number {
+  const doubled = options.crashDelayMs * 2 ** Math.max(0, crashes - 1);
+  return Math.min(options.maxCrashDelayMs, doubled);
 }
 
 /**
  * Keeps `<binary> serve …` running, for hosts without systemd: exit 0 (a shutdown for an
- * upgrade) restarts at once with whatever binary is now installed, a crash restarts after a
- * delay. SIGTERM/SIGINT go to the shim, and the supervisor exits when it does. Containers are
- * never the supervisor's business: they belong to dockerd.
+ * upgrade) restarts at once with whatever binary is now installed; a crash restarts after an
+ * exponential backoff (reset after a stable run); exit 78 (a configuration error) ends the
+ * supervisor with 78, since the same configuration would fail again. SIGTERM/SIGINT go to the
+ * shim, and the supervisor exits when it does. Containers are never the supervisor's business:
+ * they belong to dockerd.
  */
 export async function supervise(options: SuperviseOptions): Promise<number> {
+  const write = options.log ?? ((line: string) => process.stderr.write(line));
+  const note = (message: string, fields: Record<string, unknown> = {}): void =>
+    write(
+      `${JSON.stringify({ time: new Date().toISOString(), supervisor: true, msg: message, ...fields })}\n`,
+    );
   let stopping = false;
   let child: ChildProcess | undefined;
   const stop = (signal: NodeJS.Signals): void => {
     stopping = true;
     child?.kill(signal);
   };
-  process.on("SIGTERM", () => stop("SIGTERM"));
-  process.on("SIGINT", () => stop("SIGINT"));
-
-  for (let run = 1; ; run++) {
-    const started = Date.now();
-    child = spawn(
-      options.binary,
-      ["serve", ...options.serveArgs],
-      options.heldSocket ? heldSocketSpawn(process.env) : { stdio: "inherit" },
-    );
-    note("shim started", { run, pid: child.pid, binary: options.binary });
-    const code = await new Promise<number>((resolve) => {
-      child?.once("error", (error) => {
-        note("shim could not start", { error: error.message });
-        resolve(127);
+  const onTerm = (): void => stop("SIGTERM");
+  const onInt = (): void => stop("SIGINT");
+  process.on("SIGTERM", onTerm);
+  process.on("SIGINT", onInt);
+  try {
+    let crashes = 0;
+    for (let run = 1; ; run++) {
+      const started = Date.now();
+      child = spawn(
+        options.binary,
+        ["serve", ...options.serveArgs],
+        options.heldSocket ? heldSocketSpawn(process.env) : { stdio: "inherit" },
+      );
+      note("shim started", { run, pid: child.pid, binary: options.binary });
+      const exit = await new Promise<ChildExit>((resolve) => {
+        child?.once("error", (error) => {
+          note("shim could not start", { error: error.message });
+          resolve({ code: 127 });
+        });
+        child?.once("exit", (code, signal) => resolve(childExit(code, signal)));
       });
-      child?.once("exit", (exitCode, signal) => resolve(exitCode ?? (signal ? 128 : 1)));
-    });
-    if (stopping) {
-      note("supervisor stopping", { code });
-      return 0;
+      const ranMs = Date.now() - started;
+      const how = { code: exit.code, ...(exit.signal ? { signal: exit.signal } : {}), ranMs };
+      if (stopping) {
+        note("supervisor stopping", how);
+        return 0;
+      }
+      if (exit.code === EXIT_CONFIG) {
+        note("shim refused its configuration; not restarting (fix it, then start again)", how);
+        return EXIT_CONFIG;
+      }
+      let delay: number;
+      if (exit.code === 0) {
+        crashes = 0;
+        delay = options.handoffDelayMs;
+      } else {
+        crashes = ranMs >= options.stableAfterMs ? 1 : crashes + 1;
+        delay = crashDelay(crashes, options);
+      }
+      note(exit.code === 0 ? "shim exited; restarting" : "shim crashed; restarting", {
+        ...how,
+        ...(exit.code === 0 ? {} : { crashes }),
+        delayMs: delay,
+      });
+      await sleep(delay);
+      if (stopping) return 0;
     }
-    const delay = code === 0 ? options.handoffDelayMs : options.crashDelayMs;
-    note("shim exited; restarting", { code, ranMs: Date.now() - started, delayMs: delay });
-    await sleep(delay);
-    if (stopping) return 0;
+  } finally {
+    process.off("SIGTERM", onTerm);
+    process.off("SIGINT", onInt);
   }
 }

@@ -1,5 +1,6 @@
 import { describe, expect, it } from "vitest";
 import {
+  type ShimTaskEvent,
   ShimHttpError,
   ShimProtocolError,
   ShimUnreachableError,
@@ -12,6 +13,8 @@ import {
   followStart,
   formatWatchEvent,
   UNREACHABLE_GRACE_MS,
+  followEvents,
+  waitTerminated,
   watchTasks,
   type LoopClock,
   type WatchEvent,
@@ -112,6 +115,23 @@ describe("followStart", () => {
         "task t1 is still pulling after 5 s; it keeps going (see taskshim tasks get t1)",
       ),
     );
+  });
+});
+
+describe("waitTerminated", () => {
+  it("waits through running and a shim restart until terminated", async () => {
+    const down = new ShimUnreachableError("connect ECONNREFUSED");
+    const client = scripted([info("running"), down, info("running"), info("terminated", "done_by_runner")]);
+    const final = await waitTerminated(client, "t1", { timeoutMs: 0, pollMs: 100, clock: fakeClock() });
+    expect(final.termination_reason).toBe("done_by_runner");
+    expect(client.calls()).toBe(4);
+  });
+
+  it("gives up at its timeout, naming the status", async () => {
+    const client = scripted([info("running")]);
+    await expect(
+      waitTerminated(client, "t1", { timeoutMs: 2_000, pollMs: 250, clock: fakeClock() }),
+    ).rejects.toThrow("task t1 is still running after 2 s");
   });
 });
 
@@ -258,5 +278,86 @@ describe("watchTasks", () => {
     });
     expect(reachability).toEqual([false, true]);
     expect(events.map((e) => e.kind)).toEqual(["added"]);
+  });
+});
+
+describe("followEvents", () => {
+  const ev = (
+    kind: ShimTaskEvent["kind"],
+    id: string,
+    from: TaskStatus | null,
+    to: TaskStatus | null,
+  ): ShimTaskEvent => ({
+    time: "2025-01-01T00:00:00.000Z",
+    kind,
+    id,
+    from,
+    to,
+  });
+
+  /** Each call of events() plays the next connection: its events, then an error or a clean end. */
+  function connections(plays: readonly (readonly (ShimTaskEvent | Error)[])[]) {
+    let n = 0;
+    return {
+      events: async function* (signal: AbortSignal): AsyncGenerator<ShimTaskEvent> {
+        const play = plays[n++];
+        if (!play) {
+          // No more connections scripted: wait until the follower is stopped.
+          await new Promise((resolve) => signal.addEventListener("abort", resolve));
+          return;
+        }
+        for (const item of play) {
+          if (item instanceof Error) throw item;
+          yield await Promise.resolve(item);
+        }
+      },
+    };
+  }
+
+  it("emits every event as it comes, and after a reconnect only what changed meanwhile", async () => {
+    const down = new ShimUnreachableError("read ECONNRESET");
+    const client = connections([
+      [
+        ev("present", "a", null, "running"),
+        ev("present", "b", null, "running"),
+        ev("added", "c", null, "pending"),
+        ev("changed", "c", "pending", "preparing"),
+        down,
+      ],
+      [down],
+      // After the restart: a unchanged, b terminated meanwhile, c gone, d new.
+      [
+        ev("present", "a", null, "running"),
+        ev("present", "b", null, "terminated"),
+        ev("present", "d", null, "running"),
+        ev("changed", "a", "running", "terminated"),
+      ],
+    ]);
+    const seen: WatchEvent[] = [];
+    const reach: boolean[] = [];
+    await followEvents(client, (e) => seen.push(e), {
+      timeoutMs: 200,
+      retryMs: 1,
+      clock: fakeClock(),
+      onReachability: (r) => reach.push(r),
+    });
+    expect(seen.map((e) => `${e.kind} ${e.id} ${String(e.from)}>${String(e.to)}`)).toEqual([
+      "present a null>running",
+      "present b null>running",
+      "added c null>pending",
+      "changed c pending>preparing",
+      "changed b running>terminated",
+      "added d null>running",
+      "removed c preparing>null",
+      "changed a running>terminated",
+    ]);
+    expect(reach).toEqual([false, true]);
+  });
+
+  it("fails at once when the first connection fails (an older shim answers 404)", async () => {
+    const client = connections([[new ShimHttpError(404, "404 page not found\n", "/api/events")]]);
+    await expect(
+      followEvents(client, () => undefined, { timeoutMs: 0, retryMs: 1, clock: fakeClock() }),
+    ).rejects.toThrow(ShimHttpError);
   });
 });

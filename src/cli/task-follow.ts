@@ -82,6 +82,8 @@ export interface WatchEvent {
   readonly to: TaskStatus | null;
   /** Set when the task became terminated and the shim still had it. */
   readonly termination_reason?: string;
+  /** Set with `termination_reason` when the shim reports it (taskshim's event stream). */
+  readonly exit_code?: number | null;
 }
 
 /** A status change between two polls (no time yet, no reason yet). */
@@ -178,5 +180,127 @@ export async function watchTasks(
       const reason = change.to === "terminated" ? await reasonOf(change.id) : undefined;
       emit({ time: stamp(), ...change, ...(reason !== undefined ? { termination_reason: reason } : {}) });
     }
+  }
+}
+
+/** Options of {@link waitTerminated}. */
+export interface WaitOptions {
+  /** Give up after this long (0 = never). */
+  readonly timeoutMs: number;
+  readonly pollMs: number;
+  readonly clock?: LoopClock;
+}
+
+/**
+ * Waits until a task is `terminated` and returns it (`tasks wait`, and `terminate` until the
+ * stop is really over). A shim restart in between is waited out as in {@link followStart}.
+ */
+export async function waitTerminated(
+  client: Pick<ShimClient, "getTask">,
+  id: string,
+  options: WaitOptions,
+): Promise<ShimTaskInfo> {
+  const clock = options.clock ?? REAL_CLOCK;
+  const deadline = options.timeoutMs > 0 ? clock.now() + options.timeoutMs : Number.POSITIVE_INFINITY;
+  let unreachableSince: number | undefined;
+  let last: ShimTaskInfo | undefined;
+  for (;;) {
+    try {
+      last = await client.getTask(id);
+      unreachableSince = undefined;
+      if (last.status === "terminated") return last;
+    } catch (error) {
+      if (!(error instanceof ShimUnreachableError)) throw error;
+      unreachableSince ??= clock.now();
+      if (clock.now() - unreachableSince > UNREACHABLE_GRACE_MS) throw error;
+    }
+    if (clock.now() >= deadline) {
+      throw new FollowTimeoutError(
+        `task ${id} is still ${last?.status ?? "unknown"} after ${Math.round(options.timeoutMs / 1000)} s`,
+      );
+    }
+    await clock.sleep(Math.min(options.pollMs, Math.max(0, deadline - clock.now())));
+  }
+}
+
+/** Options of {@link followEvents}. */
+export interface FollowEventsOptions {
+  /** Stop after this long (0 = until interrupted). */
+  readonly timeoutMs: number;
+  /** How long to wait before connecting again after the stream broke. */
+  readonly retryMs: number;
+  /** Told when the shim stops and starts answering again (after the first connection). */
+  readonly onReachability?: (reachable: boolean, error?: Error) => void;
+  readonly clock?: LoopClock;
+}
+
+/**
+ * Follows the shim's event stream (`GET /api/events`) and emits every change as it happens:
+ * no status is missed, however short. When the stream breaks (a shim restart), it connects
+ * again and turns the new opening snapshot into the changes made meanwhile. The first
+ * connection must succeed: an older shim without the stream answers 404, and the caller
+ * falls back to {@link watchTasks}.
+ */
+export async function followEvents(
+  client: Pick<ShimClient, "events">,
+  emit: (event: WatchEvent) => void,
+  options: FollowEventsOptions,
+): Promise<void> {
+  const clock = options.clock ?? REAL_CLOCK;
+  const stop = new AbortController();
+  const timer =
+    options.timeoutMs > 0 ? setTimeout(() => stop.abort(new Error("timeout")), options.timeoutMs) : undefined;
+  const known = new Map<string, TaskStatus>();
+  let connected = false;
+  let reachable = true;
+  try {
+    while (!stop.signal.aborted) {
+      // Tasks of the previous connection not in this one's snapshot were removed meanwhile.
+      const unseen = connected ? new Set(known.keys()) : undefined;
+      let snapshotOver = false;
+      const endSnapshot = (): void => {
+        if (snapshotOver) return;
+        snapshotOver = true;
+        for (const id of unseen ?? []) {
+          emit({
+            time: new Date(clock.now()).toISOString(),
+            kind: "removed",
+            id,
+            from: known.get(id) ?? null,
+            to: null,
+          });
+          known.delete(id);
+        }
+      };
+      try {
+        for await (const event of client.events(stop.signal)) {
+          if (!reachable) options.onReachability?.(true);
+          reachable = true;
+          connected = true;
+          if (event.kind !== "present") endSnapshot();
+          else if (unseen) {
+            // A snapshot after a reconnect: only what changed while the stream was down.
+            unseen.delete(event.id);
+            const before = known.get(event.id);
+            known.set(event.id, event.to ?? "terminated");
+            if (before === event.to) continue;
+            emit({ ...event, kind: before === undefined ? "added" : "changed", from: before ?? null });
+            continue;
+          }
+          if (event.to === null) known.delete(event.id);
+          else known.set(event.id, event.to);
+          emit(event);
+        }
+        // A stream cut by the stop is not a snapshot that ended.
+        if (!stop.signal.aborted) endSnapshot();
+      } catch (error) {
+        if (!connected || !(error instanceof ShimUnreachableError)) throw error;
+        if (reachable) options.onReachability?.(false, error);
+        reachable = false;
+      }
+      if (!stop.signal.aborted) await clock.sleep(options.retryMs);
+    }
+  } finally {
+    clearTimeout(timer);
   }
 }

@@ -6,6 +6,9 @@ import {
   formatStatusReport,
   formatTaskDetails,
   formatTaskTable,
+  dockerStyleStatus,
+  humanDuration,
+  newestFirst,
   parseQuarantined,
   type ShimStatusReport,
 } from "./task-views.js";
@@ -28,6 +31,12 @@ const running: ShimTaskInfo = {
   container_name: "train-0-0-cff1b8da",
   container_id: "0123456789abcdef0123456789abcdef",
   gpus_ids: ["GPU-a", "GPU-b"],
+  name: "train-0-0",
+  image_name: "ghcr.io/acme/train:v2",
+  exit_code: null,
+  created_at: "2026-01-01T10:00:00.000Z",
+  started_at: "2026-01-01T10:00:30.000Z",
+  finished_at: null,
 };
 const failed: ShimTaskInfo = {
   id: "t2",
@@ -39,17 +48,52 @@ const failed: ShimTaskInfo = {
   container_name: "job-1234abcd",
   container_id: "",
   gpus_ids: [],
+  name: "job",
+  image_name: "busybox",
+  exit_code: 3,
+  created_at: "2026-01-01T10:01:00.000Z",
+  started_at: "2026-01-01T10:01:01.000Z",
+  finished_at: "2026-01-01T10:03:00.000Z",
 };
+const NOW = Date.parse("2026-01-01T10:05:30.000Z");
 
 describe("task views", () => {
-  it("lists tasks in an aligned table", () => {
-    const lines = formatTaskTable([running, failed]).split("\n");
-    expect(lines[0]).toMatch(/^ID\s+STATUS\s+REASON\s+CONTAINER\s+GPUS\s+PORTS$/);
-    expect(lines[1]).toMatch(
-      /^0b1c2d3e-\S+\s+running\s+-\s+train-0-0-cff1b8da\s+2\s+32768->10999, 32769->10022$/,
+  it("lists tasks newest first in docker's columns and words", () => {
+    const lines = formatTaskTable([running, failed], NOW).split("\n");
+    expect(lines[0]).toMatch(/^ID\s+NAME\s+IMAGE\s+STATUS\s+CREATED$/);
+    expect(lines[1]).toMatch(/^t2\s+job\s+busybox\s+Exited \(3\) 2 minutes ago\s+4 minutes ago$/);
+    expect(lines[2]).toMatch(
+      /^0b1c2d3e-111\s+train-0-0\s+ghcr.io\/acme\/train:v2\s+Up 5 minutes\s+5 minutes ago$/,
     );
-    expect(lines[2]).toMatch(/^t2\s+terminated\s+container_exited_with_error\s+job-1234abcd\s+-\s+-$/);
-    expect(lines[1]?.indexOf("running")).toBe(lines[2]?.indexOf("terminated"));
+    expect(lines[1]?.indexOf("Exited")).toBe(lines[2]?.indexOf("Up"));
+  });
+
+  it("writes statuses as docker does, and a pull as its share of download plus extraction", () => {
+    const pulling = {
+      ...running,
+      status: "pulling" as const,
+      image_pull_progress: {
+        downloaded_bytes: 100,
+        extracted_bytes: 0,
+        total_bytes: 100,
+        is_total_bytes_final: true,
+      },
+    };
+    expect(dockerStyleStatus(pulling, NOW)).toBe("Pulling 50%");
+    expect(dockerStyleStatus({ ...pulling, image_pull_progress: null }, NOW)).toBe("Pulling");
+    expect(dockerStyleStatus({ ...running, status: "creating" }, NOW)).toBe("Creating");
+    expect(dockerStyleStatus({ ...failed, exit_code: null }, NOW)).toBe("Terminated 2 minutes ago");
+    expect(humanDuration(500)).toBe("Less than a second");
+    expect(humanDuration(61_000)).toBe("About a minute");
+    expect(humanDuration(3 * 3_600_000)).toBe("3 hours");
+    expect(humanDuration(3 * 86_400_000)).toBe("3 days");
+  });
+
+  it("puts tasks without a creation time last", () => {
+    expect(newestFirst([{ ...failed, created_at: null }, running]).map((t) => t.id)).toEqual([
+      running.id,
+      "t2",
+    ]);
   });
 
   it("formats ports", () => {
@@ -59,13 +103,18 @@ describe("task views", () => {
   });
 
   it("shows one task's every field, the message on several lines without escapes", () => {
-    const text = formatTaskDetails(failed);
-    expect(text).toContain("status:     terminated");
+    const text = formatTaskDetails(failed, NOW);
+    expect(text).toContain("status:     terminated (Exited (3) 2 minutes ago)");
+    expect(text).toContain("exit code:  3");
     expect(text).toContain("reason:     container_exited_with_error");
+    expect(text).toContain("finished:   2026-01-01T10:03:00.000Z (2 minutes ago)");
     expect(text).toContain(`message:    Traceback (most recent call last):\n${" ".repeat(12)}  boom[0m`);
     expect(text).not.toContain("\u001b");
-    expect(formatTaskDetails(running)).toContain("container:  train-0-0-cff1b8da (0123456789ab)");
-    expect(formatTaskDetails(running)).toContain("pull:       1.5 MB / 1.5 MB downloaded, 1.5 MB extracted");
+    expect(formatTaskDetails(running, NOW)).toContain("container:  train-0-0-cff1b8da (0123456789ab)");
+    expect(formatTaskDetails(running, NOW)).toContain("exit code:  -");
+    expect(formatTaskDetails(running, NOW)).toContain(
+      "pull:       1.5 MB / 1.5 MB downloaded, 1.5 MB extracted",
+    );
   });
 });
 

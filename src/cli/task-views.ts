@@ -3,25 +3,112 @@ import { TASK_STATUSES, type TaskStatus } from "../tasks/task-status.js";
 import { formatBytes } from "./sizes.js";
 import { cell, formatFields, formatTable } from "./table.js";
 
-/** Columns of `taskshim tasks ls`. */
-export const TASK_TABLE_HEADER = ["ID", "STATUS", "REASON", "CONTAINER", "GPUS", "PORTS"] as const;
+/** Columns of `taskshim tasks ls` (docker ps's, with NAME and IMAGE as a task has them). */
+export const TASK_TABLE_HEADER = ["ID", "NAME", "IMAGE", "STATUS", "CREATED"] as const;
+
+/** How many characters of an id `tasks ls` shows (docker's 12); any unique prefix works as an id. */
+export const SHORT_ID_LENGTH = 12;
 
 /** Port bindings as `host->container`, comma separated; `-` when there are none. */
 export function formatPorts(ports: ShimTaskInfo["ports"]): string {
   return ports && ports.length > 0 ? ports.map((p) => `${p.host}->${p.container}`).join(", ") : "-";
 }
 
-/** The task table of `tasks ls`. */
-export function formatTaskTable(tasks: readonly ShimTaskInfo[]): string {
+const UNITS: readonly (readonly [number, string])[] = [
+  [365 * 86_400_000, "year"],
+  [30 * 86_400_000, "month"],
+  [7 * 86_400_000, "week"],
+  [86_400_000, "day"],
+  [3_600_000, "hour"],
+  [60_000, "minute"],
+  [1_000, "second"],
+];
+
+/**
+ * Docker's human duration (go-units HumanDuration, simplified): `Less than a second`,
+ * `5 seconds`, `About a minute`, `5 minutes`, `About an hour`, `3 hours`, `2 days`…
+ */
+export function humanDuration(ms: number): string {
+  const seconds = Math.floor(ms / 1_000);
+  if (seconds < 1) return "Less than a second";
+  if (seconds === 1) return "1 second";
+  if (seconds < 60) return `${seconds} seconds`;
+  const minutes = Math.floor(seconds / 60);
+  if (minutes === 1) return "About a minute";
+  if (minutes < 60) return `${minutes} minutes`;
+  const hours = Math.round(minutes / 60);
+  if (hours === 1) return "About an hour";
+  if (hours < 48) return `${hours} hours`;
+  for (const [unit, name] of UNITS) {
+    const n = Math.floor(ms / unit);
+    if (n >= 2 && unit >= 86_400_000) return `${n} ${name}s`;
+  }
+  return `${hours} hours`;
+}
+
+const since = (iso: string | null | undefined, now: number): string | undefined => {
+  const at = iso ? Date.parse(iso) : Number.NaN;
+  return Number.isFinite(at) ? humanDuration(Math.max(0, now - at)) : undefined;
+};
+
+/**
+ * A task's status as `docker ps` writes a container's: `Up 5 minutes`, `Exited (3) 2 minutes
+ * ago`, and for the statuses a container does not have, `Pulling 45%`, `Creating`, `Pending`.
+ */
+export function dockerStyleStatus(task: ShimTaskInfo, now: number = Date.now()): string {
+  switch (task.status) {
+    case "running": {
+      const up = since(task.started_at, now);
+      return up ? `Up ${up}` : "Up";
+    }
+    case "terminated": {
+      // A task that never had a container (or lost it) has no exit code to show.
+      const known = task.exit_code !== null && task.exit_code !== undefined;
+      const ago = since(task.finished_at, now);
+      return `${known ? `Exited (${task.exit_code})` : "Terminated"}${ago ? ` ${ago} ago` : ""}`;
+    }
+    case "pulling": {
+      const percent = pullPercent(task.image_pull_progress);
+      return percent === undefined ? "Pulling" : `Pulling ${percent}%`;
+    }
+    case "pending":
+      return "Pending";
+    case "preparing":
+      return "Preparing";
+    case "creating":
+      return "Creating";
+  }
+}
+
+/**
+ * The pull's completion over download and extraction together (each byte counts once
+ * downloaded and once extracted); undefined while no layer size is known.
+ */
+export function pullPercent(progress: ShimTaskInfo["image_pull_progress"]): number | undefined {
+  if (!progress || progress.total_bytes <= 0) return undefined;
+  const done =
+    Math.min(progress.downloaded_bytes, progress.total_bytes) +
+    Math.min(progress.extracted_bytes, progress.total_bytes);
+  return Math.min(100, Math.floor((done / (2 * progress.total_bytes)) * 100));
+}
+
+/** Newest first, as `docker ps`; tasks without a creation time (restored from a container alone) last. */
+export function newestFirst(tasks: readonly ShimTaskInfo[]): ShimTaskInfo[] {
+  const created = (t: ShimTaskInfo): number =>
+    t.created_at ? Date.parse(t.created_at) : Number.NEGATIVE_INFINITY;
+  return [...tasks].sort((a, b) => created(b) - created(a) || a.id.localeCompare(b.id));
+}
+
+/** The task table of `tasks ls`, newest first. */
+export function formatTaskTable(tasks: readonly ShimTaskInfo[], now: number = Date.now()): string {
   return formatTable(
     TASK_TABLE_HEADER,
-    tasks.map((t) => [
-      cell(t.id),
-      t.status,
-      cell(t.termination_reason),
-      cell(t.container_name),
-      t.gpus_ids && t.gpus_ids.length > 0 ? String(t.gpus_ids.length) : "-",
-      cell(formatPorts(t.ports)),
+    newestFirst(tasks).map((t) => [
+      cell(t.id.slice(0, SHORT_ID_LENGTH)),
+      cell(t.name ?? t.container_name, 40),
+      cell(t.image_name, 50),
+      cell(dockerStyleStatus(t, now), 60),
+      t.created_at ? `${since(t.created_at, now) ?? "?"} ago` : "-",
     ]),
   );
 }
@@ -33,16 +120,27 @@ export function formatPullProgress(progress: ShimTaskInfo["image_pull_progress"]
   return `${formatBytes(progress.downloaded_bytes)} / ${total} downloaded, ${formatBytes(progress.extracted_bytes)} extracted`;
 }
 
+const time = (iso: string | null | undefined, now: number): string => {
+  const ago = since(iso, now);
+  return iso && ago ? `${iso} (${ago} ago)` : "-";
+};
+
 /** Every field of one task, for `tasks get`. */
-export function formatTaskDetails(task: ShimTaskInfo): string {
+export function formatTaskDetails(task: ShimTaskInfo, now: number = Date.now()): string {
   const container = task.container_name
     ? `${task.container_name}${task.container_id ? ` (${task.container_id.slice(0, 12)})` : ""}`
     : "-";
   return formatFields([
     ["id", task.id],
-    ["status", task.status],
+    ["name", task.name ?? "-"],
+    ["image", task.image_name ?? "-"],
+    ["status", `${task.status} (${dockerStyleStatus(task, now)})`],
+    ["exit code", task.exit_code === null || task.exit_code === undefined ? "-" : String(task.exit_code)],
     ["reason", task.termination_reason || "-"],
     ["message", task.termination_message || "-"],
+    ["created", time(task.created_at, now)],
+    ["started", time(task.started_at, now)],
+    ["finished", time(task.finished_at, now)],
     ["container", container],
     ["gpus", task.gpus_ids && task.gpus_ids.length > 0 ? task.gpus_ids.join(", ") : "-"],
     ["ports", formatPorts(task.ports)],

@@ -1,5 +1,5 @@
 import { createHash } from "node:crypto";
-import { createReadStream } from "node:fs";
+import { createReadStream, existsSync } from "node:fs";
 import { chmod, open, rename, stat, unlink } from "node:fs/promises";
 import { basename, dirname, join } from "node:path";
 import { Readable } from "node:stream";
@@ -7,7 +7,8 @@ import type { Logger } from "pino";
 import { OperationBound } from "../exec/operation-bound.js";
 import type { CommandRunner } from "../exec/run-bounded.js";
 import { syncDirectory } from "../state/durable-write.js";
-import { redactUrl, redactUrlsIn } from "./redact-url.js";
+import { redactUrl } from "./redact-url.js";
+import { logExpected } from "../logging/log-fields.js";
 
 /** The component names of the wire contract. */
 export type ComponentName = "dstack-runner" | "dstack-shim";
@@ -80,6 +81,15 @@ export class ComponentService {
     return this.checked;
   }
 
+  /**
+   * The runner binary's path when it is missing and no install of it is under way: a task
+   * without `command` cannot start then (its container bind-mounts the binary).
+   */
+  missingRunner(): string | undefined {
+    const slot = this.slots["dstack-runner"];
+    return slot.status === "installing" || existsSync(slot.path) ? undefined : slot.path;
+  }
+
   /** Both components, runner first, as last checked. */
   async list(): Promise<ComponentInfo[]> {
     await this.checked;
@@ -132,8 +142,11 @@ export class ComponentService {
     )
       .catch((error: unknown) => {
         slot.status = "error";
-        this.log.error(
-          { component: name, url: redactUrl(url), error: redactUrlsIn((error as Error).message) },
+        logExpected(
+          this.log,
+          "error",
+          { component: name, url: redactUrl(url) },
+          error,
           "component install failed",
         );
       })

@@ -138,6 +138,18 @@ describe("ShimClient over HTTP", () => {
             "application/json",
             '{"id":"dup","status":"running","termination_reason":"","termination_message":""}',
           );
+        case "/api/tasks/slow/terminate":
+          // A container that ignores SIGTERM: the answer comes after the grace period.
+          setTimeout(
+            () =>
+              send(
+                200,
+                "application/json",
+                '{"id":"slow","status":"terminated","termination_reason":"terminated_by_user","termination_message":""}',
+              ),
+            600,
+          );
+          return;
         case "/api/tasks/bad":
           return send(200, "application/json", '{"id":"bad","status":"sleeping"}');
         case undefined:
@@ -181,6 +193,17 @@ describe("ShimClient over HTTP", () => {
     expect(await client.submitTask({ id: "dup" })).toMatchObject({ id: "dup", status: "running" });
     await expect(client.submitTask({ id: "dup" }, { adoptExisting: false })).rejects.toThrow(
       "POST /api/tasks: HTTP 409: request error: task dup is already submitted",
+    );
+  });
+
+  it("waits for a terminate the whole grace period plus its usual deadline", async () => {
+    // A 300 ms deadline alone would give up on the 600 ms answer; 1 s of grace covers it.
+    const client = new ShimClient(url, 300);
+    await expect(client.terminateTask("slow", "terminated_by_user", "", 1)).resolves.toMatchObject({
+      status: "terminated",
+    });
+    await expect(client.terminateTask("slow", "terminated_by_user", "", 0)).rejects.toThrow(
+      ShimUnreachableError,
     );
   });
 

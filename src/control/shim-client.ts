@@ -72,6 +72,27 @@ const TaskInfoSchema = Type.Object({
   container_id: Type.Optional(Type.String()),
   /** The key's spelling is dstack-shim's (sic). */
   gpus_ids: Type.Optional(Type.Union([Type.Array(Type.String()), Type.Null()])),
+  /** taskshim extensions (absent on dstack-shim). */
+  name: Type.Optional(Type.String()),
+  image_name: Type.Optional(Type.String()),
+  exit_code: Type.Optional(Type.Union([Type.Integer(), Type.Null()])),
+  created_at: Type.Optional(Type.Union([Type.String(), Type.Null()])),
+  started_at: Type.Optional(Type.Union([Type.String(), Type.Null()])),
+  finished_at: Type.Optional(Type.Union([Type.String(), Type.Null()])),
+});
+const TaskEventSchema = Type.Object({
+  time: Type.String(),
+  kind: Type.Union([
+    Type.Literal("present"),
+    Type.Literal("added"),
+    Type.Literal("changed"),
+    Type.Literal("removed"),
+  ]),
+  id: Type.String(),
+  from: Type.Union([Status, Type.Null()]),
+  to: Type.Union([Status, Type.Null()]),
+  termination_reason: Type.Optional(Type.String()),
+  exit_code: Type.Optional(Type.Union([Type.Integer(), Type.Null()])),
 });
 const InstanceInfoSchema = Type.Object({
   gpu_vendor: Type.Optional(Type.String()),
@@ -96,6 +117,8 @@ const ComponentsSchema = Type.Object({
 export type Healthcheck = Static<typeof HealthcheckSchema>;
 /** `GET /api/tasks/{id}` (the fields the control plane reads). */
 export type ShimTaskInfo = Static<typeof TaskInfoSchema>;
+/** One line of the taskshim extension `GET /api/events`. */
+export type ShimTaskEvent = Static<typeof TaskEventSchema>;
 /** One entry of `GET /api/components`. */
 export type ShimComponent = Static<typeof ComponentsSchema>["components"][number];
 /** `GET /api/instance/info`: the first GPU's vendor and driver, or `{}` without GPUs. */
@@ -194,6 +217,7 @@ export class ShimClient {
     path: string,
     schema: S,
     body?: unknown,
+    timeoutMs = this.timeoutMs,
   ): Promise<S extends TSchema ? Static<S> : string> {
     let response: Response;
     const headers: Record<string, string> = {};
@@ -203,7 +227,7 @@ export class ShimClient {
     try {
       response = await fetch(new URL(path, this.baseUrl), {
         method,
-        signal: AbortSignal.timeout(this.timeoutMs),
+        signal: AbortSignal.timeout(timeoutMs),
         headers,
         ...(body === undefined ? {} : { body: JSON.stringify(body) }),
       });
@@ -271,12 +295,19 @@ export class ShimClient {
     }
   }
 
+  /**
+   * `POST /api/tasks/{id}/terminate`. The shim answers once the container has stopped, which
+   * can take the whole grace period (`timeout` seconds) before the SIGKILL: the request's
+   * deadline is that grace plus the usual deadline.
+   */
   async terminateTask(id: string, reason = "", message = "", timeout = 10): Promise<ShimTaskInfo> {
-    return this.call("POST", `/api/tasks/${encodeURIComponent(id)}/terminate`, TaskInfoSchema, {
-      termination_reason: reason,
-      termination_message: message,
-      timeout,
-    });
+    return this.call(
+      "POST",
+      `/api/tasks/${encodeURIComponent(id)}/terminate`,
+      TaskInfoSchema,
+      { termination_reason: reason, termination_message: message, timeout },
+      timeout * 1000 + this.timeoutMs,
+    );
   }
 
   async removeTask(id: string): Promise<void> {
@@ -286,6 +317,68 @@ export class ShimClient {
   /** taskshim extension `GET /api/tasks/{id}/logs?tail=N`: the container's last lines, as text. */
   async logs(id: string, tail = 100): Promise<string> {
     return this.call("GET", `/api/tasks/${encodeURIComponent(id)}/logs?tail=${tail}`, undefined);
+  }
+
+  /**
+   * taskshim extension `GET /api/events`: the tasks present, then every change as it happens,
+   * until `signal` aborts (the generator then just returns) or the connection ends (the
+   * generator returns; a dropped connection throws {@link ShimUnreachableError}). The usual
+   * deadline covers the wait for the answer's headers only.
+   */
+  async *events(signal: AbortSignal): AsyncGenerator<ShimTaskEvent> {
+    const path = "/api/events";
+    const headers: Record<string, string> = {};
+    if (this.options.authToken !== undefined) headers.authorization = `Bearer ${this.options.authToken}`;
+    const connect = new AbortController();
+    const timer = setTimeout(
+      () => connect.abort(new DOMException("deadline", "TimeoutError")),
+      this.timeoutMs,
+    );
+    const both = AbortSignal.any([signal, connect.signal]);
+    let response: Response;
+    try {
+      response = await fetch(new URL(path, this.baseUrl), { signal: both, headers });
+    } catch (cause) {
+      if (signal.aborted) return;
+      throw new ShimUnreachableError(
+        `${this.baseUrl}${path}: ${fetchFailure(connect.signal.reason ?? cause)}`,
+        { cause },
+      );
+    } finally {
+      clearTimeout(timer);
+    }
+    if (!response.ok) throw new ShimHttpError(response.status, await response.text().catch(() => ""), path);
+    if (!response.body) return;
+    const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+    let buffer = "";
+    try {
+      for (;;) {
+        let chunk: Awaited<ReturnType<typeof reader.read>>;
+        try {
+          chunk = await reader.read();
+        } catch (cause) {
+          if (signal.aborted) return;
+          throw new ShimUnreachableError(`${this.baseUrl}${path}: ${fetchFailure(cause)}`, { cause });
+        }
+        if (chunk.done) return;
+        buffer += chunk.value;
+        for (let end = buffer.indexOf("\n"); end !== -1; end = buffer.indexOf("\n")) {
+          const line = buffer.slice(0, end).trim();
+          buffer = buffer.slice(end + 1);
+          if (line === "") continue;
+          let json: unknown;
+          try {
+            json = JSON.parse(line);
+          } catch (cause) {
+            throw new ShimProtocolError(`${path}: a line is not JSON`, { cause });
+          }
+          if (!Value.Check(TaskEventSchema, json)) throw new ShimProtocolError(`${path}: unexpected event`);
+          yield json;
+        }
+      }
+    } finally {
+      await reader.cancel().catch(() => undefined);
+    }
   }
 
   /** `GET /api/instance/info`. */

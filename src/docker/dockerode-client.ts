@@ -43,8 +43,13 @@ export const DOCKER_DEADLINES = {
 
 const TASK_FILTER = { label: [`${LABEL_IS_TASK}=true`] };
 
-/** Counts Engine API calls by operation, so the reconciler's cost is visible. */
-export type DockerCallCounter = (operation: string, outcome: "ok" | "error") => void;
+/**
+ * Counts Engine API calls by operation, with how long each took (seconds; for a stream, until
+ * its answer began), so the reconciler's cost and the engine's latency are visible.
+ */
+export type DockerCallCounter = (operation: string, outcome: "ok" | "error", seconds: number) => void;
+
+const since = (start: bigint): number => Number(process.hrtime.bigint() - start) / 1e9;
 
 /**
  * The one adapter from the `DockerClient` port to the Engine API (dockerode). It adds a
@@ -86,12 +91,13 @@ export class DockerodeClient implements DockerClient {
     signal: AbortSignal | undefined,
     fn: (signal: AbortSignal) => Promise<T>,
   ): Promise<T> {
+    const start = process.hrtime.bigint();
     try {
       const result = await withDeadline(signal, timeoutMs, fn);
-      this.count(operation, "ok");
+      this.count(operation, "ok", since(start));
       return result;
     } catch (error) {
-      this.count(operation, "error");
+      this.count(operation, "error", since(start));
       throw mapDockerError(error, operation);
     }
   }
@@ -259,30 +265,32 @@ export class DockerodeClient implements DockerClient {
   }
 
   async pullImage(reference: string, auth: PullAuth | undefined, signal: AbortSignal): Promise<Readable> {
+    const start = process.hrtime.bigint();
     try {
       // fromImage carries the tag or digest, so the engine never pulls "all tags".
       const stream = (await this.docker.createImage(auth ?? {}, {
         fromImage: reference,
         abortSignal: signal,
       })) as Readable;
-      this.count("pull", "ok");
+      this.count("pull", "ok", since(start));
       return stream;
     } catch (error) {
-      this.count("pull", "error");
+      this.count("pull", "error", since(start));
       throw mapDockerError(error, "pull");
     }
   }
 
   async *containerEvents(signal: AbortSignal): AsyncIterable<ContainerEvent> {
     let stream: Readable;
+    const start = process.hrtime.bigint();
     try {
       stream = (await this.docker.getEvents({
         filters: { type: ["container"], ...TASK_FILTER },
         abortSignal: signal,
       })) as Readable;
-      this.count("events", "ok");
+      this.count("events", "ok", since(start));
     } catch (error) {
-      this.count("events", "error");
+      this.count("events", "error", since(start));
       throw mapDockerError(error, "events");
     }
     const onAbort = (): void => {

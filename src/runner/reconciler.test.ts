@@ -62,6 +62,17 @@ describe("Reconciler.tick (ProcessTasks cases)", () => {
     expect(env.docker.callsOf("containerLogTail").map((c) => c.args)).toEqual([[container!.id, 5]]);
   });
 
+  it("records the container's own finish time, not the time the exit was seen", async () => {
+    const { task, container } = await env.seedTask();
+    env.docker.exit(container!.id, 3);
+    // Seen long after it happened, as after a shim restart.
+    env.docker.containers.get(container!.id)!.finishedAt = "2026-01-02T03:04:05.000Z";
+    await env.reconciler.tick();
+    const after = env.ctx.store.mustGet(task.id);
+    expect(after.finishedAt).toBe(Date.parse("2026-01-02T03:04:05.000Z"));
+    expect((await stateFile(task.taskDir)).finished_at).toBe("2026-01-02T03:04:05.000Z");
+  });
+
   it("keeps at most the last 5 log lines in the message", async () => {
     const { task, container } = await env.seedTask();
     env.docker.exit(container!.id, 1, { logs: ["l1", "l2", "l3", "l4", "l5", "l6", "l7"] });

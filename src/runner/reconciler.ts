@@ -4,6 +4,7 @@ import type { ContainerEvent, ContainerState, TaskContainerSummary } from "../do
 import type { Task } from "../tasks/task.js";
 import { LAST_LOG_LINES, type RunnerContext } from "./runner-context.js";
 import type { TaskRunner } from "./task-runner.js";
+import { logExpected } from "../logging/log-fields.js";
 
 /**
  * How often the safety-net list starts (fixed rate: a slow tick does not push the next one
@@ -152,7 +153,7 @@ export class Reconciler {
     this.ctx.observer?.engineSeen(false);
     this.lastProbeAt = Date.now();
     if (this.health.state !== "down") {
-      this.ctx.log.error({ err: error }, "docker engine unreachable; tasks keep their status");
+      logExpected(this.ctx.log, "error", {}, error, "docker engine unreachable; tasks keep their status");
       this.health = { state: "down", since: Date.now(), error: error.message };
     }
   }
@@ -173,7 +174,7 @@ export class Reconciler {
         await this.processRunning(task, suspect ? undefined : listed?.state, event);
       else if (task.status === "terminated" && !task.cleanedUp) await this.processTerminated(task, listed);
     } catch (error) {
-      log.warn({ taskId: id, err: error }, "reconcile of task failed; retrying next tick");
+      logExpected(log, "warn", { taskId: id }, error, "reconcile of task failed; retrying next tick");
     } finally {
       unlock();
     }
@@ -212,14 +213,16 @@ export class Reconciler {
       case "exited":
       case "dead":
       case "removing": {
+        const finishedAt = Date.parse(details.finishedAt);
+        // The container's own finish time: an exit seen only after a shim restart keeps it.
+        const when = Number.isFinite(finishedAt) && finishedAt > 0 ? finishedAt : undefined;
         if (details.exitCode === 0) {
-          await this.finalize(task, "done_by_runner", "", 0);
+          await this.finalize(task, "done_by_runner", "", 0, when);
           return;
         }
         const lines = await docker
           .containerLogTail(details.id, LAST_LOG_LINES, this.ctx.shutdown)
           .catch(() => []);
-        const finishedAt = Date.parse(details.finishedAt);
         // A container that stopped while the engine was down or restarting was most likely
         // stopped by the engine (no live-restore), not by its workload: say so.
         const duringOutage =
@@ -236,7 +239,7 @@ export class Reconciler {
           ...(details.oomKilled ? ["container was OOM-killed"] : []),
         ];
         const message = [...notes, ...lines].join("\n").slice(-4096);
-        await this.finalize(task, "container_exited_with_error", message, details.exitCode);
+        await this.finalize(task, "container_exited_with_error", message, details.exitCode, when);
         return;
       }
     }
@@ -265,6 +268,7 @@ export class Reconciler {
     reason: "executor_error" | "done_by_runner" | "container_exited_with_error",
     message: string,
     exitCode: number | null,
+    finishedAt?: number,
   ): Promise<void> {
     // The terminal status is durable before it is visible and before the release starts: a
     // crash in between re-runs only the (idempotent) release.
@@ -273,6 +277,7 @@ export class Reconciler {
       d.terminationReason = reason;
       d.terminationMessage = message;
       d.exitCode = exitCode;
+      if (finishedAt !== undefined) d.finishedAt = finishedAt;
     });
     this.stats.finalized++;
     this.ctx.observer?.taskFinalized(reason);

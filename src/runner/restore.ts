@@ -4,7 +4,7 @@ import pLimit from "p-limit";
 import type { ContainerDetails, TaskContainerSummary } from "../docker/docker-client.js";
 import { gpuIdsFromContainer } from "../host/gpu-inventory.js";
 import type { ScannedTaskDir } from "../state/task-dirs.js";
-import { UnsupportedTaskStateVersionError, type TaskState } from "../state/task-state-file.js";
+import { epochOf, UnsupportedTaskStateVersionError, type TaskState } from "../state/task-state-file.js";
 import { newTask, type Task } from "../tasks/task.js";
 import { parseTaskConfig } from "../tasks/task-config.js";
 import type { TaskStatus } from "../tasks/task-status.js";
@@ -140,7 +140,7 @@ export async function restoreTasks(ctx: RunnerContext): Promise<RestoreReport> {
     const taskDir = stored?.dir ?? foreignDir ?? (adoptedDir || legacyDir(ctx, container.name));
     const keysUnknown = stored ? stored.state.keys_unknown === true : foreignDir === undefined;
     add(ctx, {
-      ...newTask(config),
+      ...withTimes(newTask(config), stored?.state, inspect?.startedAt),
       id: taskId,
       status,
       terminationReason: reason,
@@ -172,7 +172,7 @@ export async function restoreTasks(ctx: RunnerContext): Promise<RestoreReport> {
     // as "container not found" with the exit code unknown.
     else status = "running";
     add(ctx, {
-      ...newTask(state.config),
+      ...withTimes(newTask(state.config), state, undefined),
       status,
       terminationReason: reason,
       terminationMessage: state.termination_message,
@@ -237,6 +237,24 @@ async function sweepCredentials(
 /** The state was last written during an earlier boot of this host. */
 function acrossReboot(ctx: RunnerContext, state: TaskState | undefined): boolean {
   return state?.boot_id !== undefined && state.boot_id !== ctx.bootId;
+}
+
+/**
+ * The task's times from its state file (a file written before they existed has none: unknown,
+ * not "now"); the start time falls back to the container's own.
+ */
+function withTimes(task: Task, state: TaskState | undefined, containerStartedAt: string | undefined): Task {
+  const { createdAt: _now, startedAt: _s, finishedAt: _f, ...rest } = task;
+  const createdAt = epochOf(state?.created_at);
+  const startedAt = epochOf(state?.started_at) ?? epochOf(containerStartedAt);
+  const finishedAt = epochOf(state?.finished_at);
+  return {
+    ...rest,
+    ...(createdAt !== undefined ? { createdAt } : {}),
+    // Docker reports a never-started container's StartedAt as year 1.
+    ...(startedAt !== undefined && startedAt > 0 ? { startedAt } : {}),
+    ...(finishedAt !== undefined ? { finishedAt } : {}),
+  };
 }
 
 function add(ctx: RunnerContext, task: Task): void {

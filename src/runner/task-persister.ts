@@ -61,7 +61,12 @@ export class TaskPersister {
     const next = this.enqueue(id, async () => {
       const candidate = this.store.preview(id, fn);
       await this.write(candidate);
-      result = this.store.modify(id, fn);
+      // The same times as the written file (the store stamps a status change's time once).
+      result = this.store.modify(id, (draft) => {
+        fn(draft);
+        if (candidate.startedAt !== undefined) draft.startedAt ??= candidate.startedAt;
+        if (candidate.finishedAt !== undefined) draft.finishedAt ??= candidate.finishedAt;
+      });
     });
     return next.then(() => result as Task);
   }

@@ -30,6 +30,7 @@ import {
   writeRegistryAuth,
 } from "./registry-auth-file.js";
 import { TaskPersistError, TaskPersister } from "./task-persister.js";
+import { logExpected } from "../logging/log-fields.js";
 
 /** A submit reused an id with a different config. */
 export class TaskConflictError extends Error {
@@ -316,7 +317,7 @@ export class TaskRunner {
       } else {
         const reason = error instanceof StartStepError ? error.reason : "executor_error";
         const message = (error as Error).message;
-        log.warn({ taskId: id, reason, err: error }, "task failed to start");
+        logExpected(log, "warn", { taskId: id, reason }, error, "task failed to start");
         if (store.get(id)?.status !== "terminated") this.ctx.observer?.taskFinalized(reason);
         await this.commit(id, (d) => {
           d.status = "terminated";

@@ -148,6 +148,24 @@ describe("task.json round trip", () => {
     expect((await readTaskState(dir)).config).toEqual(CONFIG);
   });
 
+  it("keeps the created, started and finished times as ISO 8601, and none when unknown", () => {
+    const times = {
+      createdAt: Date.UTC(2026, 0, 2, 3, 4, 5, 6),
+      startedAt: Date.UTC(2026, 0, 2, 3, 5),
+      finishedAt: Date.UTC(2026, 0, 2, 4),
+    };
+    const text = encodeTaskState(makeTask(times), BOOT_ID);
+    expect(JSON.parse(text)).toMatchObject({
+      created_at: "2026-01-02T03:04:05.006Z",
+      started_at: "2026-01-02T03:05:00.000Z",
+      finished_at: "2026-01-02T04:00:00.000Z",
+    });
+    expect(decodeTaskState(text)).toMatchObject({ created_at: "2026-01-02T03:04:05.006Z" });
+    const none = decodeTaskState(encodeTaskState(makeTask({ status: "pending" }), BOOT_ID));
+    expect(none.started_at).toBeUndefined();
+    expect(none.finished_at).toBeUndefined();
+  });
+
   it("keeps an exit code of null (it can never be known) apart from one not known yet", () => {
     expect(decodeTaskState(encodeTaskState(makeTask({ exitCode: null }), BOOT_ID)).exit_code).toBeNull();
     expect(decodeTaskState(encodeTaskState(makeTask({ exitCode: 0 }), BOOT_ID)).exit_code).toBe(0);

@@ -42,6 +42,20 @@ export interface TaskState {
    * are unknown and entries are never removed while it lives.
    */
   readonly keys_unknown?: boolean;
+  /** taskshim: when the task was submitted, started and finished (ISO 8601, absent = unknown). */
+  readonly created_at?: string;
+  readonly started_at?: string;
+  readonly finished_at?: string;
+}
+
+const iso = (ms: number | undefined): string | undefined =>
+  ms === undefined || !Number.isFinite(ms) ? undefined : new Date(ms).toISOString();
+
+/** An ISO 8601 time back to epoch ms; undefined for anything else (an older file has none). */
+export function epochOf(value: unknown): number | undefined {
+  if (typeof value !== "string") return undefined;
+  const ms = Date.parse(value);
+  return Number.isFinite(ms) ? ms : undefined;
 }
 
 /** The file is unreadable as a task state (bad JSON, wrong shape, invalid config). */
@@ -71,6 +85,9 @@ export function encodeTaskState(task: Task, bootId: string): string {
     ...(task.exitCode !== undefined ? { exit_code: task.exitCode } : {}),
     boot_id: bootId,
     ...(task.degraded === true ? { keys_unknown: true } : {}),
+    created_at: iso(task.createdAt),
+    started_at: iso(task.startedAt),
+    finished_at: iso(task.finishedAt),
   };
   return `${JSON.stringify(state)}\n`;
 }
@@ -124,6 +141,9 @@ export function decodeTaskState(text: string): TaskState {
     ...(exitCode !== undefined ? { exit_code: exitCode as number | null } : {}),
     ...(typeof raw.boot_id === "string" ? { boot_id: raw.boot_id } : {}),
     ...(raw.keys_unknown === true ? { keys_unknown: true } : {}),
+    ...(epochOf(raw.created_at) !== undefined ? { created_at: raw.created_at as string } : {}),
+    ...(epochOf(raw.started_at) !== undefined ? { started_at: raw.started_at as string } : {}),
+    ...(epochOf(raw.finished_at) !== undefined ? { finished_at: raw.finished_at as string } : {}),
   };
 }
 

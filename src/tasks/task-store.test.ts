@@ -75,6 +75,29 @@ describe("TaskStore: add, get, list, delete", () => {
   });
 });
 
+describe("TaskStore.watch", () => {
+  it("reports every addition, status change and removal in order, and nothing else", () => {
+    const store = new TaskStore();
+    const seen: string[] = [];
+    const stop = store.watch((c) =>
+      seen.push(`${c.kind}:${c.task.id}:${c.kind === "changed" ? c.from : ""}>${c.task.status}`),
+    );
+    store.add(makeTask("w1"));
+    store.modify("w1", (d) => (d.status = "preparing"));
+    store.modify("w1", (d) => (d.containerId = "c"));
+    store.modify("w1", (d) => ((d.status = "terminated"), (d.terminationReason = "terminated_by_user")));
+    store.delete("w1");
+    stop();
+    store.add(makeTask("w2"));
+    expect(seen).toEqual([
+      "added:w1:>pending",
+      "changed:w1:pending>preparing",
+      "changed:w1:preparing>terminated",
+      "removed:w1:>terminated",
+    ]);
+  });
+});
+
 describe("TaskStore.generation", () => {
   it("changes with every add, modify and delete, and only then", () => {
     const store = new TaskStore();
@@ -103,6 +126,23 @@ describe("TaskStore.modify: transitions", () => {
     for (const status of [...LIFECYCLE, "terminated" as const]) {
       expect(store.modify("t1", (d) => (d.status = status)).status).toBe(status);
     }
+  });
+
+  it("stamps the start and finish times once, on the change into running and terminated", () => {
+    const store = storeWith("creating");
+    const before = Date.now();
+    const running = store.modify("t1", (d) => (d.status = "running"));
+    expect(running.startedAt).toBeGreaterThanOrEqual(before);
+    expect(running.finishedAt).toBeUndefined();
+    expect(store.modify("t1", (d) => (d.containerId = "c")).startedAt).toBe(running.startedAt);
+    const done = store.modify("t1", (d) => {
+      d.status = "terminated";
+      d.terminationReason = "done_by_runner";
+    });
+    expect(done.finishedAt).toBeGreaterThanOrEqual(running.startedAt!);
+    // A finish time given by the caller (the container's own) is kept.
+    const other = storeWith("running");
+    expect(other.modify("t1", (d) => ((d.status = "terminated"), (d.finishedAt = 42))).finishedAt).toBe(42);
   });
 
   it.each(TASK_STATUSES)("allows terminated from %s", (from) => {

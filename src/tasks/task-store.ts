@@ -18,6 +18,12 @@ export class TaskExistsError extends Error {
   }
 }
 
+/** A task appeared, changed status, or was removed: what `GET /api/events` streams. */
+export type TaskStatusChange =
+  | { readonly kind: "added"; readonly task: Task }
+  | { readonly kind: "changed"; readonly task: Task; readonly from: Task["status"] }
+  | { readonly kind: "removed"; readonly task: Task };
+
 /**
  * The in-memory tasks, with copy-on-write updates and a per-task lock.
  *
@@ -28,6 +34,21 @@ export class TaskStore {
   private readonly tasks = new Map<string, Task>();
   private readonly locks = new Map<string, TaskLock>();
   private changes = 0;
+  private readonly watchers = new Set<(change: TaskStatusChange) => void>();
+
+  /**
+   * Calls `fn` synchronously on every status change, addition and removal, in order, so a
+   * follower sees every status a task passes through. Returns the unsubscribe function.
+   * `fn` must not throw or modify the store.
+   */
+  watch(fn: (change: TaskStatusChange) => void): () => void {
+    this.watchers.add(fn);
+    return () => this.watchers.delete(fn);
+  }
+
+  private notify(change: TaskStatusChange): void {
+    for (const fn of this.watchers) fn(change);
+  }
 
   /** Grows with every add, modify and delete: equal values mean the same tasks (for caches). */
   get generation(): number {
@@ -40,6 +61,7 @@ export class TaskStore {
     const frozen = Object.freeze({ ...task });
     this.tasks.set(task.id, frozen);
     this.changes++;
+    this.notify({ kind: "added", task: frozen });
     return frozen;
   }
 
@@ -72,9 +94,11 @@ export class TaskStore {
    * `fn` must be synchronous and fast: no I/O.
    */
   modify(id: string, fn: (draft: TaskDraft) => void): Task {
+    const current = this.mustGet(id);
     const next = this.preview(id, fn);
     this.tasks.set(id, next);
     this.changes++;
+    if (next.status !== current.status) this.notify({ kind: "changed", task: next, from: current.status });
     return next;
   }
 
@@ -90,6 +114,11 @@ export class TaskStore {
     if (draft.status !== current.status && !isTransitionAllowed(current.status, draft.status)) {
       throw new TransitionNotAllowedError(current.status, draft.status);
     }
+    // The times of a status change are stamped here, once, whoever made the change.
+    if (draft.status !== current.status) {
+      if (draft.status === "running") draft.startedAt ??= Date.now();
+      if (draft.status === "terminated") draft.finishedAt ??= Date.now();
+    }
     if (current.status === "terminated" && current.terminationReason !== "") {
       draft.terminationReason = current.terminationReason;
       draft.terminationMessage = current.terminationMessage;
@@ -99,7 +128,11 @@ export class TaskStore {
 
   /** Removes a task and its lock. */
   delete(id: string): void {
-    if (this.tasks.delete(id)) this.changes++;
+    const task = this.tasks.get(id);
+    if (task && this.tasks.delete(id)) {
+      this.changes++;
+      this.notify({ kind: "removed", task });
+    }
     this.locks.delete(id);
   }
 

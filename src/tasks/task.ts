@@ -35,6 +35,12 @@ export interface Task {
   readonly cleanedUp: boolean;
   /** A start owns this task and its resources; the reconciler leaves it alone. */
   readonly startInFlight: boolean;
+  /** When the task was submitted (epoch ms); absent for a task restored from its container alone. */
+  readonly createdAt?: number;
+  /** When it became `running` (epoch ms); absent until then, or when unknown. */
+  readonly startedAt?: number;
+  /** When it became `terminated` (epoch ms): the container's own finish time when it exited. */
+  readonly finishedAt?: number;
   /** The container's exit code once known; null when it can never be known (container vanished). */
   readonly exitCode?: number | null;
   /**
@@ -70,5 +76,6 @@ export function newTask(config: TaskConfig): Task {
     taskDir: "",
     cleanedUp: false,
     startInFlight: false,
+    createdAt: Date.now(),
   };
 }
