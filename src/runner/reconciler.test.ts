@@ -293,8 +293,10 @@ describe("Reconciler: the terminal status is durable before the release", () => 
   it("a failed commit of the terminal status releases nothing (the next tick retries)", async () => {
     const { task, container } = await env.seedTask({ gpus: 1 });
     env.docker.exit(container!.id, 0);
-    const commit = env.runner.commit.bind(env.runner);
-    const spy = vi.spyOn(env.runner, "commit").mockRejectedValueOnce(new Error("disk full"));
+    // Not a storage error (those finalize in memory and are written later): a failure of the
+    // commit itself, which must leave the release to the next tick.
+    const commit = env.runner.commitFinal.bind(env.runner);
+    const spy = vi.spyOn(env.runner, "commitFinal").mockRejectedValueOnce(new Error("state file rejected"));
     const release = vi.spyOn(env.runner, "release");
     await env.reconciler.tick();
     expect(release).not.toHaveBeenCalled();
