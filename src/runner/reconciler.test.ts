@@ -295,8 +295,10 @@ describe("Reconciler: the terminal status is durable before the release", () => 
     env.docker.exit(container!.id, 0);
     // Not a storage error (those finalize in memory and are written later): a failure of the
     // commit itself, which must leave the release to the next tick.
-    const commit = env.runner.commitFinal.bind(env.runner);
-    const spy = vi.spyOn(env.runner, "commitFinal").mockRejectedValueOnce(new Error("state file rejected"));
+    const commit = env.runner.commitVisibleWhenDurable.bind(env.runner);
+    const spy = vi
+      .spyOn(env.runner, "commitVisibleWhenDurable")
+      .mockRejectedValueOnce(new Error("state file rejected"));
     const release = vi.spyOn(env.runner, "release");
     await env.reconciler.tick();
     expect(release).not.toHaveBeenCalled();

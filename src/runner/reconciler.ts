@@ -272,7 +272,7 @@ export class Reconciler {
   ): Promise<void> {
     // The terminal status is durable before it is visible and before the release starts: a
     // crash in between re-runs only the (idempotent) release.
-    await this.runner.commitFinal(task.id, (d) => {
+    await this.runner.commitVisibleWhenDurable(task.id, (d) => {
       d.status = "terminated";
       d.terminationReason = reason;
       d.terminationMessage = message;

@@ -142,6 +142,30 @@ describe("TaskRunner.start", () => {
     ]);
   });
 
+  it("shows running and an exit only once task.json says so (a kill in between never un-says an answer)", async () => {
+    // What a read could see, and what task.json held at that moment.
+    const seen: [TaskStatus, string | undefined][] = [];
+    const modify = env.ctx.store.modify.bind(env.ctx.store);
+    vi.spyOn(env.ctx.store, "modify").mockImplementation((id, fn) => {
+      const task = modify(id, fn);
+      if (task.status === "running" || task.status === "terminated") {
+        const file = join(task.taskDir, TASK_STATE_FILE);
+        const onDisk = existsSync(file)
+          ? (JSON.parse(readFileSync(file, "utf8")) as { status?: string }).status
+          : undefined;
+        if (seen.at(-1)?.[0] !== task.status) seen.push([task.status, onDisk]);
+      }
+      return task;
+    });
+    const task = await env.submitAndStart({ command: ["true"] });
+    env.docker.exit(task.containerId, 0);
+    await env.reconciler.tick();
+    expect(seen).toEqual([
+      ["running", "running"],
+      ["terminated", "terminated"],
+    ]);
+  });
+
   it("runs pending → preparing → pulling → creating → running and creates exactly one labelled container", async () => {
     const statuses: TaskStatus[] = [];
     const modify = env.ctx.store.modify.bind(env.ctx.store);

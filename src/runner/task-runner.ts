@@ -108,11 +108,12 @@ export class TaskRunner {
   }
 
   /**
-   * The reconciler's terminal commit: visible only once durable, so a read never shows an exit
-   * that task.json lacks. When the home cannot take the write (a storage error), the exit is
-   * final in memory at once all the same and written once storage is back, as `commit` does.
+   * A commit visible only once durable, so a read never shows a status that task.json lacks:
+   * `running` (the start's last step) and the reconciler's terminal status. When the home cannot
+   * take the write (a storage error), the change is made in memory at once all the same and
+   * written once storage is back, as `commit` does.
    */
-  async commitFinal(id: string, fn: (draft: TaskDraft) => void): Promise<Task> {
+  async commitVisibleWhenDurable(id: string, fn: (draft: TaskDraft) => void): Promise<Task> {
     const before = this.ctx.store.mustGet(id).status;
     let task: Task;
     try {
@@ -559,7 +560,9 @@ export class TaskRunner {
       if (task.config.network_mode === "bridge") {
         ports = (await docker.inspectContainer(containerId).catch(() => undefined))?.ports ?? [];
       }
-      await this.commit(id, (d) => {
+      // Visible once durable: a kill right after a read said `running` must not bring the task
+      // back as `creating`, whose resumed start would re-create a container removed meanwhile.
+      await this.commitVisibleWhenDurable(id, (d) => {
         d.ports = ports;
         d.startInFlight = false;
         d.status = "running";
