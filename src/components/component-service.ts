@@ -185,20 +185,12 @@ export class ComponentService {
   }
 
   private async download(url: URL, temp: string): Promise<string> {
-    const signal = AbortSignal.timeout(DOWNLOAD_TIMEOUT_MS);
-    let body: Readable;
-    if (url.protocol === "file:") {
-      body = createReadStream(url);
-    } else {
-      const response = await fetch(url, { signal, redirect: "follow" });
-      if (response.status !== 200 || !response.body)
-        throw new Error(`download failed: HTTP ${response.status}`);
-      body = Readable.fromWeb(response.body as import("node:stream/web").ReadableStream<Uint8Array>);
-    }
     const hash = createHash("sha256");
+    // The temp file first: a source opened before a failure here would have no reader, and a
+    // read stream's own error (a missing file: URL) would then be an uncaught exception.
     const file = await open(temp, "wx", 0o600);
     try {
-      for await (const chunk of body) {
+      for await (const chunk of await this.source(url)) {
         if (this.shutdown.aborted) throw new Error("shim shutting down");
         hash.update(chunk as Buffer);
         await file.write(chunk as Buffer);
@@ -208,6 +200,18 @@ export class ComponentService {
       await file.close();
     }
     return hash.digest("hex");
+  }
+
+  /** The download's body: a local file, or an HTTP(S) answer (under the download deadline). */
+  private async source(url: URL): Promise<Readable> {
+    if (url.protocol === "file:") return createReadStream(url);
+    const response = await fetch(url, {
+      signal: AbortSignal.timeout(DOWNLOAD_TIMEOUT_MS),
+      redirect: "follow",
+    });
+    if (response.status !== 200 || !response.body)
+      throw new Error(`download failed: HTTP ${response.status}`);
+    return Readable.fromWeb(response.body as import("node:stream/web").ReadableStream<Uint8Array>);
   }
 
   private async check(slot: ComponentSlot): Promise<void> {
