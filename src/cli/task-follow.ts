@@ -39,11 +39,33 @@ export interface FollowStartOptions {
  * `onPoll` (the progress display). A shim that stops answering for a moment (a restart) is
  * waited for; a shim that answers with an error ends the follow with that error.
  */
-export async function followStart(
+export function followStart(
   client: Pick<ShimClient, "getTask">,
   id: string,
   onPoll: (task: ShimTaskInfo) => void,
   options: FollowStartOptions,
+): Promise<ShimTaskInfo> {
+  return pollTask(client, id, options, {
+    done: (task) => task.status === "running" || task.status === "terminated",
+    onPoll,
+    stillGoing: `; it keeps going (see taskshim tasks get ${id})`,
+  });
+}
+
+/**
+ * Polls a task until `done` says so. A shim that stops answering for a moment (a restart) is
+ * waited for, up to the unreachable grace; an error answer ends the poll with that error; past
+ * the options' timeout a `FollowTimeoutError` names the last status seen (and `stillGoing`).
+ */
+async function pollTask(
+  client: Pick<ShimClient, "getTask">,
+  id: string,
+  options: FollowStartOptions,
+  how: {
+    readonly done: (task: ShimTaskInfo) => boolean;
+    readonly onPoll?: (task: ShimTaskInfo) => void;
+    readonly stillGoing?: string;
+  },
 ): Promise<ShimTaskInfo> {
   const clock = options.clock ?? REAL_CLOCK;
   const deadline = options.timeoutMs > 0 ? clock.now() + options.timeoutMs : Number.POSITIVE_INFINITY;
@@ -59,13 +81,13 @@ export async function followStart(
       if (clock.now() - unreachableSince > UNREACHABLE_GRACE_MS) throw error;
     }
     if (last) {
-      onPoll(last);
-      if (last.status === "running" || last.status === "terminated") return last;
+      how.onPoll?.(last);
+      if (how.done(last)) return last;
     }
     if (clock.now() >= deadline) {
       throw new FollowTimeoutError(
-        `task ${id} is still ${last?.status ?? "unknown"} after ${Math.round(options.timeoutMs / 1000)} s; ` +
-          `it keeps going (see taskshim tasks get ${id})`,
+        `task ${id} is still ${last?.status ?? "unknown"} after ${Math.round(options.timeoutMs / 1000)} s` +
+          (how.stillGoing ?? ""),
       );
     }
     await clock.sleep(Math.min(options.pollMs, Math.max(0, deadline - clock.now())));
@@ -184,43 +206,19 @@ export async function watchTasks(
 }
 
 /** Options of {@link waitTerminated}. */
-export interface WaitOptions {
-  /** Give up after this long (0 = never). */
-  readonly timeoutMs: number;
-  readonly pollMs: number;
-  readonly clock?: LoopClock;
-}
+/** Options of {@link waitTerminated}: those of a start's follow. */
+export type WaitOptions = FollowStartOptions;
 
 /**
  * Waits until a task is `terminated` and returns it (`tasks wait`, and `terminate` until the
  * stop is really over). A shim restart in between is waited out as in {@link followStart}.
  */
-export async function waitTerminated(
+export function waitTerminated(
   client: Pick<ShimClient, "getTask">,
   id: string,
   options: WaitOptions,
 ): Promise<ShimTaskInfo> {
-  const clock = options.clock ?? REAL_CLOCK;
-  const deadline = options.timeoutMs > 0 ? clock.now() + options.timeoutMs : Number.POSITIVE_INFINITY;
-  let unreachableSince: number | undefined;
-  let last: ShimTaskInfo | undefined;
-  for (;;) {
-    try {
-      last = await client.getTask(id);
-      unreachableSince = undefined;
-      if (last.status === "terminated") return last;
-    } catch (error) {
-      if (!(error instanceof ShimUnreachableError)) throw error;
-      unreachableSince ??= clock.now();
-      if (clock.now() - unreachableSince > UNREACHABLE_GRACE_MS) throw error;
-    }
-    if (clock.now() >= deadline) {
-      throw new FollowTimeoutError(
-        `task ${id} is still ${last?.status ?? "unknown"} after ${Math.round(options.timeoutMs / 1000)} s`,
-      );
-    }
-    await clock.sleep(Math.min(options.pollMs, Math.max(0, deadline - clock.now())));
-  }
+  return pollTask(client, id, options, { done: (task) => task.status === "terminated" });
 }
 
 /** Options of {@link followEvents}. */
