@@ -205,7 +205,6 @@ export async function watchTasks(
   }
 }
 
-/** Options of {@link waitTerminated}. */
 /** Options of {@link waitTerminated}: those of a start's follow. */
 export type WaitOptions = FollowStartOptions;
 
