@@ -521,10 +521,18 @@ describe("taskshim tasks: ids, names, exit codes, waiting", () => {
     let stderr = "";
     piped.stdout.on("data", (c: Buffer) => (stdout += c.toString()));
     piped.stderr.on("data", (c: Buffer) => (stderr += c.toString()));
-    // A change after head has gone: the watch's next write meets the closed pipe.
+    // Changes after head has gone: the watch's next write meets the closed pipe. (The submit's
+    // own burst of changes may all be written before head has read its line, so a terminate
+    // follows once the task runs.)
     await new Promise((r) => setTimeout(r, 1_500));
     await shim.submit({ id, name, image_name: images.busybox, command: ["sleep", "300"] });
-    await new Promise<void>((resolve) => piped.once("close", () => resolve()));
+    await shim.waitTask(id, (t) => t.status === "running");
+    const closed = new Promise<void>((resolve) => piped.once("close", () => resolve()));
+    await shim.request("POST", `/api/tasks/${id}/terminate`, {
+      termination_reason: "terminated_by_user",
+      timeout: 0,
+    });
+    await closed;
     expect(stdout.split("\n").filter(Boolean)).toHaveLength(1);
     expect(stderr).toBe("status=0\n");
     expect(Date.now() - began).toBeLessThan(20_000);

@@ -32,9 +32,10 @@ describe("secrets", () => {
     const tokenFile = join(home, "token");
     await writeFile(tokenFile, "secret-token-0123456789abcdef\n", { mode: 0o644 });
     const shim = await start({ home, args: ["--auth-token-file", tokenFile], waitReady: false });
-    expect(await shim.waitExit()).toBe(1);
+    // A configuration error (EX_CONFIG): restarting cannot help, so `taskshim supervise` stops.
+    expect(await shim.waitExit()).toBe(78);
     expect(shim.logs.trim().split("\n")).toEqual([
-      `taskshim: the auth token file ${tokenFile} is accessible by group or others: chmod 600 ${tokenFile}`,
+      `taskshim: configuration error: the auth token file ${tokenFile} is accessible by group or others: chmod 600 ${tokenFile}`,
     ]);
   });
 

@@ -34,8 +34,16 @@ const binaries: Record<"A" | "B", { path: string; sha256: string; version: strin
   B: { path: "", sha256: "", version: "1.1.0" },
 };
 
+/**
+ * A GET on a new connection each time: what the held socket guarantees is that a connection is
+ * never refused across the handoff. (A keep-alive connection to the old process is closed when
+ * it shuts down, and a request racing that close fails as on any HTTP server; clients retry.)
+ */
 async function get<T>(path: string): Promise<{ status: number; json: T; text: string }> {
-  const response = await fetch(`${url}${path}`, { signal: AbortSignal.timeout(5_000) });
+  const response = await fetch(`${url}${path}`, {
+    signal: AbortSignal.timeout(5_000),
+    headers: { connection: "close" },
+  });
   const text = await response.text();
   let json: unknown;
   try {
@@ -105,12 +113,17 @@ async function rollOut(
   let fired = false;
   let refused = 0;
   let answered = 0;
+  const failures: string[] = [];
   const exitsBefore = shimExits();
   const client = (async () => {
     while (!fired) {
       await get("/api/healthcheck").then(
         () => answered++,
-        () => refused++,
+        (error: unknown) => {
+          refused++;
+          const cause = (error as { cause?: { code?: string; message?: string } }).cause;
+          failures.push(cause?.code ?? cause?.message ?? String(error));
+        },
       );
       await sleep(20);
     }
@@ -131,6 +144,7 @@ async function rollOut(
   }[];
   expect(result?.outcome).toBe("upgraded");
   expect(result?.tasksKept).toBe(result?.tasksBefore);
+  if (failures.length > 0) console.log(`steady client failures (${target}): ${failures.join(", ")}`);
   return { windowMs: result?.windowMs ?? -1, table: stdout, refused, answered };
 }
 

@@ -329,19 +329,22 @@ export class ShimClient {
     const path = "/api/events";
     const headers: Record<string, string> = {};
     if (this.options.authToken !== undefined) headers.authorization = `Bearer ${this.options.authToken}`;
-    const connect = new AbortController();
-    const timer = setTimeout(
-      () => connect.abort(new DOMException("deadline", "TimeoutError")),
-      this.timeoutMs,
-    );
-    const both = AbortSignal.any([signal, connect.signal]);
+    // One controller for the whole stream, aborted by the caller's signal or the connect
+    // deadline: the stream lives as long as the caller wants, so it holds its own signal.
+    const stream = new AbortController();
+    const onStop = (): void => stream.abort(signal.reason);
+    signal.addEventListener("abort", onStop, { once: true });
+    if (signal.aborted) onStop();
+    const deadline = new DOMException("deadline", "TimeoutError");
+    const timer = setTimeout(() => stream.abort(deadline), this.timeoutMs);
     let response: Response;
     try {
-      response = await fetch(new URL(path, this.baseUrl), { signal: both, headers });
+      response = await fetch(new URL(path, this.baseUrl), { signal: stream.signal, headers });
     } catch (cause) {
+      signal.removeEventListener("abort", onStop);
       if (signal.aborted) return;
       throw new ShimUnreachableError(
-        `${this.baseUrl}${path}: ${fetchFailure(connect.signal.reason ?? cause)}`,
+        `${this.baseUrl}${path}: ${fetchFailure(stream.signal.aborted ? deadline : cause)}`,
         { cause },
       );
     } finally {
@@ -377,6 +380,7 @@ export class ShimClient {
         }
       }
     } finally {
+      signal.removeEventListener("abort", onStop);
       await reader.cancel().catch(() => undefined);
     }
   }
