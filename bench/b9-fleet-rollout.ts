@@ -27,6 +27,7 @@ interface Pass {
   readonly label: string;
   readonly ms: number;
   readonly results: readonly UpgradeRow[];
+  readonly failed: number;
   readonly refused: number;
   readonly causes: string;
   readonly sent: number;
@@ -36,7 +37,7 @@ interface Pass {
  * B9: a fleet rollout simulated on this machine. `shims` shims, each with its own home, port,
  * `taskshim supervise` (holding its socket) and 4 running tasks, are upgraded A → B → A by one
  * `taskshim upgrade --shims FILE --concurrency 10`, while each shim has a steady client of its
- * own. Reports the total time of each pass, the slowest shim, tasks kept and refused requests.
+ * own. Reports the total time of each pass, the slowest shim, tasks kept and failed requests.
  */
 export async function runB9(
   bench: Bench,
@@ -101,6 +102,7 @@ export async function runB9(
         label: `${current.version}→${next.version}`,
         ms: upgrade.ms,
         results: upgrade.results,
+        failed: seen.reduce((sum, s) => sum + s.failed, 0),
         refused: seen.reduce((sum, s) => sum + s.refused, 0),
         causes: formatCauses(
           seen.reduce((all, s) => {
@@ -127,6 +129,7 @@ export async function runB9(
   const slowest = (p: Pass): number =>
     Math.max(...p.results.map((r) => r.windowMs ?? Number.POSITIVE_INFINITY));
   const refused = passes.reduce((sum, p) => sum + p.refused, 0);
+  const unanswered = passes.reduce((sum, p) => sum + p.failed, 0) - refused;
   const sent = passes.reduce((sum, p) => sum + p.sent, 0);
   const totalMs = passes.reduce((sum, p) => sum + p.ms, 0);
   bench.note(
@@ -135,7 +138,7 @@ export async function runB9(
         .map(
           (p) =>
             `${p.label} ${round(p.ms / 1000, 1)} s, slowest shim's window ${slowest(p)} ms, ` +
-            `${p.refused} failed of ${p.sent}${p.causes ? ` (${p.causes})` : ""}`,
+            `${p.failed} failed of ${p.sent}${p.causes ? ` (${p.causes})` : ""}`,
         )
         .join("; ") +
       `; tasks running at the end ${tasksKept}/${tasksTotal}` +
@@ -175,12 +178,18 @@ export async function runB9(
       tasksKept === tasksTotal && tasksTotal > 0,
     ),
     row(
-      `fleet rollout: failed requests (refused or closed unanswered), a ${RATE_PER_SHIM} req/s ` +
-        `client per shim (${sent} sent)`,
+      `fleet rollout: refused connections (ECONNREFUSED), a ${RATE_PER_SHIM} req/s client per shim (${sent} sent)`,
       "requests",
       refused,
       "0",
       refused === 0,
+    ),
+    row(
+      "fleet rollout: requests of those clients closed unanswered (ECONNRESET, UND_ERR_SOCKET)",
+      "requests",
+      unanswered,
+      "0",
+      unanswered === 0,
     ),
   ];
 }

@@ -151,6 +151,8 @@ export interface SteadyClientResult {
   readonly sent: number;
   readonly answered: number;
   /** Requests that failed without an answer (refused, reset, timed out). */
+  readonly failed: number;
+  /** Of those, connections refused (`ECONNREFUSED`: nothing held the port). */
   readonly refused: number;
   /** Those failures by cause (`ECONNREFUSED`, `UND_ERR_SOCKET` = closed before the answer, …). */
   readonly causes: ReadonlyMap<string, number>;
@@ -169,7 +171,7 @@ export function steadyClient(url: string, rate: number): { stop: () => Promise<S
   let running = true;
   let sent = 0;
   let answered = 0;
-  let refused = 0;
+  let failed = 0;
   let maxLatencyMs = 0;
   const firstAnswerOf = new Map<string, number>();
   const causes = new Map<string, number>();
@@ -186,7 +188,7 @@ export function steadyClient(url: string, rate: number): { stop: () => Promise<S
       const seen = firstAnswerOf.get(version);
       if (seen === undefined || at < seen) firstAnswerOf.set(version, at);
     } catch (error) {
-      refused++;
+      failed++;
       const cause = (error as { cause?: { code?: string; name?: string } }).cause;
       const code = cause?.code ?? cause?.name ?? (error as Error).name;
       causes.set(code, (causes.get(code) ?? 0) + 1);
@@ -209,7 +211,15 @@ export function steadyClient(url: string, rate: number): { stop: () => Promise<S
       running = false;
       await loop;
       await Promise.all([...inFlight]);
-      return { sent, answered, refused, causes, firstAnswerOf, maxLatencyMs };
+      return {
+        sent,
+        answered,
+        failed,
+        refused: causes.get("ECONNREFUSED") ?? 0,
+        causes,
+        firstAnswerOf,
+        maxLatencyMs,
+      };
     },
   };
 }
