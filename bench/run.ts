@@ -9,13 +9,17 @@ import { noteIdleCpu, runB4 } from "./b4-steady-state.js";
 import { runB5 } from "./b5-api-throughput.js";
 import { notePeakRss, runB6Idle, runB6Leak, runB6Loaded } from "./b6-memory.js";
 import { runB7 } from "./b7-burst.js";
+import { runB8 } from "./b8-upgrade-window.js";
+import { runB9 } from "./b9-fleet-rollout.js";
 import { Bench, sweepStale } from "./lib/harness.js";
 import { Fleet } from "./lib/fleet.js";
 import { dockerdPid } from "./lib/proc.js";
 import { markdownTable, writeResults, type Row } from "./lib/report.js";
+import { buildRolloutBinaries } from "./lib/supervised.js";
 
 /*
- * `npm run bench -- [--quick] [--only B1,B5] [--tasks N] [--strict]`, `npx tsx bench/run.ts --sweep`
+ * `npm run bench -- [--quick] [--only B1,B5] [--tasks N] [--shims N] [--strict]`,
+ * `npx tsx bench/run.ts --sweep`
  *
  * Runs the benchmarks of BENCHMARKS.md against the built shim (dist/taskshim.cjs) and the local
  * Docker Engine, prints a markdown table on stdout (progress goes to stderr) and writes
@@ -24,7 +28,7 @@ import { markdownTable, writeResults, type Row } from "./lib/report.js";
  */
 
 const RESULTS = resolve(import.meta.dirname, "results/latest.json");
-const ALL = ["B1", "B2", "B3", "B4", "B5", "B6", "B7"] as const;
+const ALL = ["B1", "B2", "B3", "B4", "B5", "B6", "B7", "B8", "B9"] as const;
 
 const { values } = parseArgs({
   options: {
@@ -33,6 +37,7 @@ const { values } = parseArgs({
     strict: { type: "boolean", default: false },
     sweep: { type: "boolean", default: false },
     tasks: { type: "string" },
+    shims: { type: "string" },
   },
 });
 
@@ -58,6 +63,12 @@ if (values.sweep) {
 const fleetSize = values.tasks ? Number(values.tasks) : bench.quick ? 50 : 200;
 if (!Number.isInteger(fleetSize) || fleetSize < 10) {
   process.stderr.write(`--tasks: expected an integer >= 10\n`);
+  process.exit(2);
+}
+
+const shimCount = values.shims ? Number(values.shims) : bench.quick ? 10 : 30;
+if (!Number.isInteger(shimCount) || shimCount < 1) {
+  process.stderr.write(`--shims: expected an integer >= 1\n`);
   process.exit(2);
 }
 
@@ -99,7 +110,12 @@ async function main(): Promise<Row[]> {
   await timed("B2", () => runB2(bench));
   await timed("B7", () => runB7(bench));
 
-  if (["B3", "B4", "B5", "B6"].some((id) => selected.has(id))) {
+  // B8 and B9 roll single binaries A and B out (built here from the pinned Node.js).
+  const binaries = selected.has("B8") || selected.has("B9") ? await buildRolloutBinaries(bench) : undefined;
+  // B9's shims come and go before the fleet of B3–B6/B8 is grown.
+  if (binaries) await timed("B9", () => runB9(bench, shimCount, binaries));
+
+  if (["B3", "B4", "B5", "B6", "B8"].some((id) => selected.has(id))) {
     // One shim with the fleet of running tasks serves B6, B4, B5 and B3, in that order:
     // memory before any load, the quiet reconciler before the HTTP load, the kill -9 last.
     const fleet = new Fleet(bench, await bench.startShim());
@@ -118,6 +134,7 @@ async function main(): Promise<Row[]> {
     await timed("B5", () => runB5(bench, fleet));
     if (selected.has("B6")) await notePeakRss(bench, fleet.shim);
     await timed("B3", () => runB3(bench, fleet, fleetSize));
+    if (binaries) await timed("B8", () => runB8(bench, fleet, fleetSize, binaries));
   }
   return rows.sort((a, b) => a.id.localeCompare(b.id));
 }

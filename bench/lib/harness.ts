@@ -1,3 +1,4 @@
+import type { ChildProcess } from "node:child_process";
 import { randomBytes } from "node:crypto";
 import { mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
@@ -33,7 +34,7 @@ export function dockerTimeMs(value: string): number {
 }
 
 /** `GET /api/tasks` as a map id → status; throws on a non-200 answer or a refused connection. */
-export async function taskStatuses(shim: ShimProcess): Promise<Map<string, string>> {
+export async function taskStatuses(shim: { readonly url: string }): Promise<Map<string, string>> {
   const response = await fetch(`${shim.url}/api/tasks`, { signal: AbortSignal.timeout(10_000) });
   if (response.status !== 200) throw new Error(`GET /api/tasks: ${response.status} ${await response.text()}`);
   const body = (await response.json()) as { tasks: { id: string; status: string }[] };
@@ -108,6 +109,7 @@ export class Bench {
   readonly notes: string[] = [];
   private imagesCache: TestImages | undefined;
   private readonly shims = new Set<ShimProcess>();
+  private readonly others = new Set<ChildProcess>();
   private readonly dirs = new Set<string>();
   private baselineSeq = 0;
 
@@ -152,6 +154,12 @@ export class Bench {
     return dir;
   }
 
+  /** A dir made elsewhere (a shim home), removed by the cleanup. */
+  trackDir(dir: string): Promise<void> {
+    this.dirs.add(dir);
+    return Promise.resolve();
+  }
+
   /** Starts the built shim as a child process on a new temp home (unless given). */
   async startShim(options: ShimOptions = {}): Promise<ShimProcess> {
     const home = options.home ?? (await tempHome("taskshim-bench-"));
@@ -174,6 +182,16 @@ export class Bench {
     this.shims.add(shim);
     if (options.waitReady !== false) await shim.waitReady();
     return shim;
+  }
+
+  /**
+   * Another process of the run (a `taskshim supervise`, spawned `detached` so that it leads its
+   * own process group): SIGTERM to it in the cleanup (it forwards it), then SIGKILL to its whole
+   * group if it has not exited within 15 s; SIGKILL to the group on exit.
+   */
+  track(child: ChildProcess): void {
+    this.others.add(child);
+    child.once("exit", () => this.others.delete(child));
   }
 
   /** `kill -9` of a shim; its containers keep running. */
@@ -268,6 +286,15 @@ export class Bench {
     const errors: unknown[] = [];
     for (const shim of [...this.shims])
       await this.stopShim(shim).catch((error: unknown) => errors.push(error));
+    await Promise.all(
+      [...this.others].map(async (child) => {
+        const exited = new Promise<void>((done) => child.once("exit", () => done()));
+        child.kill("SIGTERM");
+        const timer = setTimeout(() => killGroup(child), 15_000);
+        await exited;
+        clearTimeout(timer);
+      }),
+    );
     for (let attempt = 1; ; attempt++) {
       try {
         const own = await this.ownContainers();
@@ -292,6 +319,17 @@ export class Bench {
   /** SIGKILLs every shim still running (process exit path; containers are swept by cleanup). */
   killAllNow(): void {
     for (const shim of this.shims) shim.child.kill("SIGKILL");
+    for (const child of this.others) killGroup(child);
+  }
+}
+
+/** SIGKILL to the process group `child` leads (a supervisor, its inner supervisor and its shim). */
+function killGroup(child: ChildProcess): void {
+  if (child.pid === undefined) return;
+  try {
+    process.kill(-child.pid, "SIGKILL");
+  } catch {
+    // gone already
   }
 }
 
