@@ -521,13 +521,15 @@ describe("taskshim tasks: ids, names, exit codes, waiting", () => {
     let stderr = "";
     piped.stdout.on("data", (c: Buffer) => (stdout += c.toString()));
     piped.stderr.on("data", (c: Buffer) => (stderr += c.toString()));
+    // Listened for at once: with tasks already on the shim, the first snapshot alone outlasts
+    // head, and the watch may be gone before anything below runs.
+    const closed = new Promise<void>((resolve) => piped.once("close", () => resolve()));
     // Changes after head has gone: the watch's next write meets the closed pipe. (The submit's
     // own burst of changes may all be written before head has read its line, so a terminate
     // follows once the task runs.)
     await new Promise((r) => setTimeout(r, 1_500));
     await shim.submit({ id, name, image_name: images.busybox, command: ["sleep", "300"] });
     await shim.waitTask(id, (t) => t.status === "running");
-    const closed = new Promise<void>((resolve) => piped.once("close", () => resolve()));
     await shim.request("POST", `/api/tasks/${id}/terminate`, {
       termination_reason: "terminated_by_user",
       timeout: 0,
