@@ -1,7 +1,7 @@
 import { spawn, type ChildProcess } from "node:child_process";
 import { randomBytes } from "node:crypto";
 import { mkdir, mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
-import { createServer, Socket, type Server } from "node:net";
+import { Socket } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
@@ -9,6 +9,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { TEST_LABEL, testDocker } from "./support/docker.js";
 import { ensureTestImages, type TestImages } from "./support/images.js";
 import { freePort, SHIM_BUNDLE, ShimProcess } from "./support/shim-process.js";
+import { startSilentHost, type SilentHost } from "./support/silent-host.js";
 
 /**
  * `taskshim fence` against real parts the test starts itself: Debian's sshd on 127.0.0.1 at a
@@ -263,21 +264,15 @@ describe("taskshim fence --ssh: the docker CLI over a real sshd", () => {
 });
 
 describe("taskshim fence: a host that accepts and never speaks", () => {
-  let server: Server;
+  let silent: SilentHost;
   let port = 0;
-  const sockets: Socket[] = [];
 
   beforeAll(async () => {
-    server = createServer((socket) => sockets.push(socket));
-    await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
-    const address = server.address();
-    port = typeof address === "object" && address ? address.port : 0;
+    silent = await startSilentHost();
+    port = silent.port;
   });
 
-  afterAll(() => {
-    for (const socket of sockets) socket.destroy();
-    server.close();
-  });
+  afterAll(() => silent.close());
 
   it("ends unconfirmed at --deadline with the killed ssh client's evidence; the container is still there", async () => {
     const target = await taskContainer(`task-silent-${RUN}`);
@@ -325,7 +320,7 @@ describe("taskshim fence: a host that accepts and never speaks", () => {
         },
       ],
     });
-    expect(sockets.length).toBeGreaterThanOrEqual(1);
+    expect(silent.accepted()).toBeGreaterThanOrEqual(1);
     expect(await exists(target.id)).toBe(true);
     await testDocker().getContainer(target.id).remove({ force: true });
   });

@@ -1,4 +1,3 @@
-import { createServer, type Server, type Socket } from "node:net";
 import { setTimeout as sleep } from "node:timers/promises";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { removeContainerViaCli } from "../src/docker/cli-removal.js";
@@ -13,6 +12,7 @@ import {
 } from "../src/exec/run-bounded.js";
 import { TEST_LABEL, testDocker } from "./support/docker.js";
 import { ensureTestImages, type TestImages } from "./support/images.js";
+import { startSilentHost, type SilentHost } from "./support/silent-host.js";
 
 let images: TestImages;
 
@@ -141,22 +141,15 @@ describe("confirmed container removal on the real engine", () => {
 });
 
 describe("an SSH launch machine that does not answer", () => {
-  let server: Server;
+  let silent: SilentHost;
   let port = 0;
-  const sockets: Socket[] = [];
 
   beforeAll(async () => {
-    // Accepts the TCP connection and never sends an SSH banner.
-    server = createServer((socket) => sockets.push(socket));
-    await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
-    const address = server.address();
-    port = typeof address === "object" && address ? address.port : 0;
+    silent = await startSilentHost();
+    port = silent.port;
   });
 
-  afterAll(() => {
-    for (const socket of sockets) socket.destroy();
-    server.close();
-  });
+  afterAll(() => silent.close());
 
   it("ends unconfirmed at the removal deadline, with the killed ssh client's verified evidence", async () => {
     const started = Date.now();
@@ -176,6 +169,6 @@ describe("an SSH launch machine that does not answer", () => {
     });
     expect(reason.kind === "deadline" && reason.elapsedMs).toBeGreaterThanOrEqual(1_500);
     expect(elapsed).toBeLessThan(1_500 + 1_000);
-    expect(sockets.length).toBeGreaterThanOrEqual(1);
+    expect(silent.accepted()).toBeGreaterThanOrEqual(1);
   });
 });
