@@ -3,6 +3,7 @@ import {
   ShimHttpError,
   ShimUnreachableError,
   type ShimClient,
+  type ShimTaskEvent,
   type ShimTaskInfo,
 } from "../control/shim-client.js";
 import type { TaskStatus } from "../tasks/task-status.js";
@@ -94,19 +95,12 @@ async function pollTask(
   }
 }
 
-/** What `tasks watch` reports about one task. */
-export interface WatchEvent {
-  readonly time: string;
-  /** `present`: in the first snapshot; then `added`, `changed` or `removed`. */
-  readonly kind: "present" | "added" | "changed" | "removed";
-  readonly id: string;
-  readonly from: TaskStatus | null;
-  readonly to: TaskStatus | null;
-  /** Set when the task became terminated and the shim still had it. */
-  readonly termination_reason?: string;
-  /** Set with `termination_reason` when the shim reports it (taskshim's event stream). */
-  readonly exit_code?: number | null;
-}
+/**
+ * What `tasks watch` reports about one task: a line of taskshim's event stream, or the same
+ * shape made from two polls of a shim without it (`termination_reason` and `exit_code` only
+ * when the task became terminated and the shim still had it).
+ */
+export type WatchEvent = ShimTaskEvent;
 
 /** A status change between two polls (no time yet, no reason yet). */
 export type StatusChange = Omit<WatchEvent, "time" | "termination_reason">;
