@@ -7,11 +7,13 @@ import type { InjectOptions } from "fastify";
 import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
 import type { InstanceMountPoint } from "../host/volumes.js";
 import { HostVolumes } from "../host/volumes.js";
-import { FakeCommandRunner, makeContext, sshEd25519PublicKey, type TestEnv } from "../runner/test-support.js";
+import { FakeCommandRunner } from "../testing/fake-command-runner.js";
+import { sshEd25519PublicKey } from "../testing/fixtures.js";
+import { makeContext, type TestEnv } from "../testing/test-context.js";
 import type { Task } from "../tasks/task.js";
 import { TERMINATION_REASONS } from "../tasks/termination-reason.js";
 import type { buildApi } from "./server.js";
-import { buildTestApi } from "./test-api.js";
+import { buildTestApi } from "../testing/test-api.js";
 
 /*
  * Property-based fuzzing of the whole HTTP edge down to the runner, with a fake engine. Tasks

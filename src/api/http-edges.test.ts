@@ -1,8 +1,8 @@
 import { connect } from "node:net";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
-import { makeContext, type TestEnv } from "../runner/test-support.js";
+import { makeContext, type TestEnv } from "../testing/test-context.js";
 import { oneLineMessage } from "./server.js";
-import { buildTestApi } from "./test-api.js";
+import { buildTestApi } from "../testing/test-api.js";
 
 let env: TestEnv;
 let app: ReturnType<typeof buildTestApi>;

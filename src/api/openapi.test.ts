@@ -1,9 +1,9 @@
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
-import { makeContext, type TestEnv } from "../runner/test-support.js";
+import { makeContext, type TestEnv } from "../testing/test-context.js";
 import { VERSION } from "../version.js";
 import { Validator } from "@seriousme/openapi-schema-validator";
 import { Ajv2020 } from "ajv/dist/2020.js";
-import { buildTestApi } from "./test-api.js";
+import { buildTestApi } from "../testing/test-api.js";
 import { OPERATIONS } from "./openapi.js";
 
 const TOKEN = "s3cret-token-0123456789";

@@ -3,12 +3,14 @@ import { rm } from "node:fs/promises";
 import { readFileSync } from "node:fs";
 import type { InjectOptions, LightMyRequestResponse } from "fastify";
 import { VERSION } from "../version.js";
+import { FakeCommandRunner } from "../testing/fake-command-runner.js";
+import { taskBody } from "../testing/fixtures.js";
+import { makeContext, type TestEnv } from "../testing/test-context.js";
+import { buildTestApi } from "../testing/test-api.js";
 import { ShimMetrics } from "./metrics.js";
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
 import { armFailpoints } from "../runner/failpoints.js";
-import { FakeCommandRunner, makeContext, taskBody, type TestEnv } from "../runner/test-support.js";
 import type { buildApi } from "./server.js";
-import { buildTestApi } from "./test-api.js";
 
 const PACKAGE_VERSION = (
   JSON.parse(readFileSync(new URL("../../package.json", import.meta.url), "utf8")) as { version: string }

@@ -4,16 +4,11 @@ import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { LABEL_IS_TASK, LABEL_OWNER, LABEL_TASK_ID } from "../docker/docker-client.js";
 import { TASK_STATE_FILE } from "../state/task-state-file.js";
 import { containerNameFor } from "../tasks/container-name.js";
+import { capturingLogger } from "../testing/capturing-logger.js";
+import { sshEd25519PublicKey, taskConfig } from "../testing/fixtures.js";
+import { makeContext, TEST_HOME_ID, type TestEnv } from "../testing/test-context.js";
 import { ContainerOwnership } from "./ownership.js";
 import { restoreTasks } from "./restore.js";
-import {
-  capturingLogger,
-  makeContext,
-  sshEd25519PublicKey,
-  taskConfig,
-  TEST_HOME_ID,
-  type TestEnv,
-} from "./test-support.js";
 
 let env: TestEnv;
 const extra: TestEnv[] = [];

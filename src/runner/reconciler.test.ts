@@ -3,7 +3,8 @@ import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
 import { DockerUnavailableError } from "../docker/docker-errors.js";
 import { TASK_STATE_FILE } from "../state/task-state-file.js";
-import { makeContext, TEST_HOME_ID, waitFor, type TestEnv } from "./test-support.js";
+import { makeContext, TEST_HOME_ID, type TestEnv } from "../testing/test-context.js";
+import { waitFor } from "../testing/wait-for.js";
 
 let env: TestEnv;
 

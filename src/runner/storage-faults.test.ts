@@ -6,10 +6,11 @@ import { StorageUnavailableError } from "../state/storage-health.js";
 import { encodeTaskState, TASK_STATE_FILE } from "../state/task-state-file.js";
 import { newTask } from "../tasks/task.js";
 import { containerNameFor } from "../tasks/container-name.js";
+import { taskConfig } from "../testing/fixtures.js";
+import { makeContext, type TestEnv } from "../testing/test-context.js";
 import { armFailpoints } from "./failpoints.js";
 import { REGISTRY_AUTH_FILE } from "./registry-auth-file.js";
 import { restoreTasks } from "./restore.js";
-import { makeContext, taskConfig, type TestEnv } from "./test-support.js";
 
 /*
  * Storage faults with the fake engine: the failpoints' `error(ENOSPC)` / `error(EIO)` action at

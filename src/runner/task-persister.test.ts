@@ -6,8 +6,8 @@ import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
 import { readTaskState } from "../state/task-state-file.js";
 import { newTask } from "../tasks/task.js";
 import { TaskStore } from "../tasks/task-store.js";
+import { taskConfig } from "../testing/fixtures.js";
 import { TaskPersister } from "./task-persister.js";
-import { taskConfig } from "./test-support.js";
 
 let dir: string;
 let store: TaskStore;

@@ -4,7 +4,7 @@ import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
 import { AuthorizedKeys, PUBLIC_KEY_MARKER, type UserLookup } from "../host/authorized-keys.js";
 import { newTask } from "../tasks/task.js";
-import { taskConfig } from "../runner/test-support.js";
+import { taskConfig } from "../testing/fixtures.js";
 import { writeFileDurably } from "./durable-write.js";
 import {
   dirSyncedAfter,
@@ -12,7 +12,7 @@ import {
   failNextFsCall,
   fsJournal,
   resetFsJournal,
-} from "./fs-journal.js";
+} from "../testing/fs-journal.js";
 import { TaskDirs } from "./task-dirs.js";
 import { readTaskState, TASK_STATE_FILE, writeTaskState } from "./task-state-file.js";
 
@@ -22,7 +22,7 @@ import { readTaskState, TASK_STATE_FILE, writeTaskState } from "./task-state-fil
  * A kill -9 never tears a write, so only these tests can see a missing fsync or rename.
  */
 vi.mock("node:fs/promises", async (importOriginal) =>
-  (await import("./fs-journal.js")).journalingFs(await importOriginal()),
+  (await import("../testing/fs-journal.js")).journalingFs(await importOriginal()),
 );
 
 let root: string;

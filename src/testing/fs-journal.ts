@@ -4,7 +4,7 @@
  * Use it from a test file with
  *
  *   vi.mock("node:fs/promises", async (importOriginal) =>
- *     (await import("../state/fs-journal.js")).journalingFs(await importOriginal()));
+ *     (await import("../testing/fs-journal.js")).journalingFs(await importOriginal()));
  *
  * This module must not import `node:fs/promises` itself (it would import its own mock).
  */

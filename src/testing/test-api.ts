@@ -1,11 +1,12 @@
 import { mkdirSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
+import { ShimMetrics } from "../api/metrics.js";
+import { buildApi } from "../api/server.js";
 import { ComponentService } from "../components/component-service.js";
 import type { CommandRunner } from "../exec/run-bounded.js";
-import { FakeCommandRunner, type TestEnv } from "../runner/test-support.js";
 import { VERSION } from "../version.js";
-import { ShimMetrics } from "./metrics.js";
-import { buildApi } from "./server.js";
+import { FakeCommandRunner } from "./fake-command-runner.js";
+import type { TestEnv } from "./test-context.js";
 
 /** Options of {@link buildTestApi}. */
 export interface TestApiOptions {

@@ -1,0 +1,32 @@
+/* A scripted `CommandRunner`: external commands (mountpoint, umount, ssh, …) answered in memory. */
+import type { BoundedOutcome, CommandRequest, CommandRunner } from "../exec/run-bounded.js";
+
+/** Answers external commands from a script; by default it is a host where nothing is mounted. */
+export class FakeCommandRunner implements CommandRunner {
+  readonly calls: CommandRequest[] = [];
+  /** Mount points `mountpoint -q` reports as mounted; `umount` removes them. */
+  readonly mounted = new Set<string>();
+  /** Overrides the default answers when it returns an outcome. */
+  script: ((argv: readonly string[]) => BoundedOutcome | Promise<BoundedOutcome> | undefined) | undefined;
+
+  run(request: CommandRequest): Promise<BoundedOutcome> {
+    this.calls.push(request);
+    const scripted = this.script?.(request.argv);
+    if (scripted) return Promise.resolve(scripted);
+    const [program, ...args] = request.argv;
+    const target = args.at(-1) ?? "";
+    if (program === "mountpoint") return Promise.resolve(exited(this.mounted.has(target) ? 0 : 1));
+    if (program === "umount") this.mounted.delete(target);
+    return Promise.resolve(exited(0));
+  }
+
+  /** The argv of every call whose program is `program`. */
+  argvsOf(program: string): string[][] {
+    return this.calls.map((call) => [...call.argv]).filter((argv) => argv[0] === program);
+  }
+}
+
+/** An `exited` outcome of a command. */
+export function exited(code: number, stdout = "", stderr = ""): BoundedOutcome {
+  return { kind: "exited", code, signal: null, stdout: Buffer.from(stdout), stderr: Buffer.from(stderr) };
+}
