@@ -8,7 +8,7 @@ import { afterAll, describe, expect, it } from "vitest";
 import { freePort, SHIM_BUNDLE, tempHome } from "./support/shim-process.js";
 
 /*
- * systemd socket activation (issue 15): the shim serves the listening socket it inherits as fd 3
+ * systemd socket activation (docs/operations.md): the shim serves the listening socket it inherits as fd 3
  * (LISTEN_FDS=1) instead of binding its port, so that while it is down (a crash, a restart, an
  * upgrade) a client's request waits in the held socket's backlog instead of being refused.
  * test/support/socket-holder.ts does what systemd does: hold the socket, never accept on it,

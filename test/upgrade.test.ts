@@ -12,7 +12,8 @@ import { freePort, SHIM_BUNDLE, tempHome, type TaskInfo } from "./support/shim-p
 import { startSlowProxy, type SlowProxy } from "./support/slow-proxy.js";
 
 /*
- * Issue 5 end to end, on the single binaries built from the pinned Node.js (issue 15): shim A
+ * The fleet upgrade (docs/fault-matrix.md U1) end to end, on the single binaries built from the
+ * pinned Node.js (scripts/build-binary.mjs): shim A
  * runs under `taskshim supervise`; tasks pull (from a deliberately
  * slow registry), run, and exit; `taskshim upgrade` rolls out B (another version, writing a
  * newer state format), then rolls back to A. Every task survives both, exits during the

@@ -173,7 +173,7 @@ function restartSafeStatuses(version: string | null): readonly TaskStatus[] {
   return ["terminated"];
 }
 
-/** The feature gates of dstack's ShimClient (§7.1), plus the restart gate. */
+/** The version gates of the dstack server's ShimClient (see `ShimFeatures`), plus the restart gate. */
 export function negotiateFeatures(health: Healthcheck): ShimFeatures {
   const version = parseShimVersion(health.version);
   return {

@@ -69,7 +69,7 @@ interface Mount {
 }
 
 /**
- * The Engine API create body for a task (dstack-shim §4.6): labels, mounts, resources,
+ * The Engine API create body for a task (the one dstack-shim creates): labels, mounts, resources,
  * network, GPUs. Restart policy "no" and never auto-remove: the exit code must outlive us.
  */
 export function buildContainerSpec(input: {

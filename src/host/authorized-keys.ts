@@ -341,7 +341,7 @@ async function createSshDir(home: FileHandle, sshDir: string, account: UserAccou
 }
 
 /**
- * The shim's entries in one user's `~/.ssh/authorized_keys` (§8.4, the landed design). The file is
+ * The shim's entries in one user's `~/.ssh/authorized_keys` (marked lines it owns). The file is
  * only ever replaced atomically, so a shim killed mid-update leaves the old file or the new one,
  * never a truncated one (S8), and lines the shim did not write are kept byte for byte.
  */

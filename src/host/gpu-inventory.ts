@@ -388,7 +388,7 @@ export interface GpuContainerConfigOptions {
 }
 
 /**
- * The GPU part of the container spec for the locked `ids` (§4.6): NVIDIA gets one device request
+ * The GPU part of the container spec for the locked `ids`: NVIDIA gets one device request
  * with the capability list; AMD gets `/dev/kfd` and each render node as devices, host IPC,
  * `SYS_PTRACE` and an unconfined seccomp profile (ROCm needs all three). Host paths go through the
  * inventory's fixture overrides. No ids → an empty config.
@@ -440,7 +440,7 @@ export type GpuHostConfig =
   | undefined;
 
 /**
- * The GPU ids an existing container holds, recovered after a shim restart (§4.2 step 4): NVIDIA
+ * The GPU ids an existing container holds, recovered after a shim restart (by `restoreTasks`): NVIDIA
  * reads the ids of its single device request (none with explicit `gpu_devices`); AMD takes the
  * devices whose host path is a render node, mapping fixture nodes back to their ids.
  */

@@ -22,7 +22,7 @@ export class InvalidGpuInventoryError extends Error {
 }
 
 /**
- * Which of the host's GPUs are taken (§5.2). Memory only: after a restart it is rebuilt from the
+ * Which of the host's GPUs are taken. Memory only: after a restart it is rebuilt from the
  * containers, and a task owns exactly the ids `acquire` or `lock` returned to it, so releasing
  * them can never free a GPU that belongs to another task. Free GPUs are handed out by index, not
  * at random, so placement is reproducible.

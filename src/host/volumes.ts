@@ -105,7 +105,7 @@ const MAX_VOLUME_NAME = 128;
 const CONTROL = /[\u0000-\u001f\u007f]/;
 
 /**
- * Network volumes and instance mount directories on the host (§4.9). Every step is idempotent, so
+ * Network volumes and instance mount directories on the host. Every step is idempotent, so
  * a start resumed after a shim restart can run it again: a mounted volume is left as it is, and a
  * disk that has a file system is never formatted.
  */
@@ -279,7 +279,7 @@ export class HostVolumes {
     return firstPartition ? `/dev/${firstPartition}` : base;
   }
 
-  /** GCP names attached disks by the device name the server chose (§4.9). */
+  /** On GCP a disk is `/dev/disk/by-id/google-<device name the server chose>` (its `-part1` first). */
   private async resolveGcpDevice(volumeId: string, deviceName: string): Promise<string> {
     if (deviceName === "" || deviceName.includes("/") || CONTROL.test(deviceName)) {
       throw new VolumeDeviceError(

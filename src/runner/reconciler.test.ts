@@ -207,7 +207,7 @@ describe("Reconciler.tick (ProcessTasks cases)", () => {
     await env.reconciler.tick();
     await env.reconciler.tick();
     expect(env.ctx.store.mustGet(task.id)).toEqual(task);
-    // §8.6 TerminatedTaskAlreadyCleanedUp: nothing to reconcile, so no list, inspect, stop or remove.
+    // A terminated task already cleaned up: nothing to reconcile, so no list, inspect, stop or remove.
     expect(containerCalls()).toEqual([]);
     // The engine's idle health probe is the only Docker call, and not more than once per 5 s.
     expect(env.docker.count("ping")).toBeLessThanOrEqual(1);

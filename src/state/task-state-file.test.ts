@@ -170,7 +170,7 @@ describe("task.json round trip", () => {
     expect(decodeTaskState(encodeTaskState(makeTask({ exitCode: null }), BOOT_ID)).exit_code).toBeNull();
     expect(decodeTaskState(encodeTaskState(makeTask({ exitCode: 0 }), BOOT_ID)).exit_code).toBe(0);
     // A running task's exit code is not known yet; after a restart it must still be "not yet
-    // known" (undefined), or the reconciler never records the real one (restart-anchors A12).
+    // known" (undefined), or the reconciler never records the real one (docs/fault-matrix.md A12).
     expect(decodeTaskState(encodeTaskState(makeTask(), BOOT_ID)).exit_code).toBeUndefined();
   });
 

@@ -34,7 +34,7 @@ const KNOWN = new Set<string>(TERMINATION_REASONS);
 /**
  * Normalises a reason received from a client: lower-cased and trimmed; `""` and values the
  * server could not parse back become `fallback`, so a terminated task never carries an
- * unparseable reason (the dstack server raises on one, §7.4 of the wire notes).
+ * unparseable reason (the dstack server parses it into its enum and raises on `""` or an unknown value).
  */
 export function normalizeTerminationReason(raw: string, fallback: TerminationReason): TerminationReason {
   const value = raw.trim().toLowerCase();
