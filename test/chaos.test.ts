@@ -11,24 +11,20 @@ import {
   LABEL_TASK_ID,
   makeHostKey,
 } from "./support/chaos-host.js";
-import {
-  ChaosStats,
-  type ChaosTaskConfig,
-  Scenario,
-  type TaskOptions,
-  waitCommand,
-  WAIT_TASK_TAIL,
-} from "./support/chaos-scenario.js";
+import { Scenario, type TaskOptions, waitCommand, WAIT_TASK_TAIL } from "./support/chaos-scenario.js";
+import { ChaosStats } from "./support/chaos-stats.js";
+import type { ChaosTaskConfig } from "./support/chaos-tracker.js";
 import { testDocker } from "./support/docker.js";
 import { createUniqueImage, ensureTestImages, type TestImages } from "./support/images.js";
 import { startRegistry, type LocalRegistry } from "./support/registry.js";
 import type { TaskInfo } from "./support/shim-process.js";
 
 /*
- * The chaos suite (issue 3, item 6): the built shim runs as a child process against the real
- * engine; it is SIGKILLed at every failpoint and at random moments, restarted on the same home,
- * and the oracle of restart-anchors §9.1 runs after every scenario (support/chaos-scenario.ts).
- * Each test title names the fault-matrix row it covers; one summary line is printed at the end.
+ * The chaos suite: the built shim runs as a child process against the real engine; it is
+ * SIGKILLed at every failpoint and at random moments, restarted on the same home, and the oracle
+ * (support/chaos-oracle.ts) checks the invariants I1–I8 of docs/fault-matrix.md after every
+ * scenario. Each test title starts with the id of the docs/fault-matrix.md row it covers; one
+ * summary line is printed at the end.
  *
  * Each scenario has its own home, host user (authorized_keys with hand-written lines), volume
  * mount root and a view of the engine that holds only its own containers
@@ -754,7 +750,7 @@ describe("chaos: corrupt, cut and stale state files (S1–S3)", () => {
     expect(s.api.logs.match(/corrupt task state quarantined/g)).toHaveLength(3);
     // The GPU of the degraded task is re-locked from its container's devices.
     expect((await s.must(cut.id)).gpus_ids).toEqual(running.get(cut.id)?.gpus_ids);
-    // Its config is unknown, so its host key must not be removed while it lives (§9.6 S1): the
+    // Its config is unknown, so its host key must not be removed while it lives (fault matrix S1): the
     // oracle expects the keys of every live task, the degraded ones included.
     await s.oracle({ probeGpus: true });
   });

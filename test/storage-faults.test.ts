@@ -7,14 +7,14 @@ import { join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import { promisify } from "node:util";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { ChaosStats } from "./support/chaos-scenario.js";
+import { ChaosStats } from "./support/chaos-stats.js";
 import { testDocker } from "./support/docker.js";
 import { createUniqueImage, ensureTestImages, type TestImages } from "./support/images.js";
 import { startRegistry, type LocalRegistry } from "./support/registry.js";
 import { freePort, SHIM_BUNDLE, ShimProcess, type TaskInfo } from "./support/shim-process.js";
 
 /*
- * Host storage faults (issue 11; fault-matrix rows S4 and S5) with real faults: the shim's home
+ * Host storage faults (docs/fault-matrix.md rows S4 and S5) with real faults: the shim's home
  * on a size-limited tmpfs (ENOSPC), on an ext4 file system in a loop file made immutable
  * (`chattr +i`: EPERM) or remounted read-only (EROFS), and the failpoints' `error(EIO)` action at
  * the durable writes (EIO). Each scenario checks the rule — the shim stays up, an error answer
