@@ -110,7 +110,7 @@ afterAll(async () => {
   await rm(base, { recursive: true, force: true });
 });
 
-describe("authorized_keys under a swapping ~/.ssh (U2)", () => {
+describe("H1 authorized_keys under a swapping ~/.ssh", () => {
   it("the race is real: a path-based write is redirected into the victim's directory", async () => {
     const victimDir = await victim("victim-path-based");
     loop = startLoop(victimDir, 0);

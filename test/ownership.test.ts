@@ -84,7 +84,7 @@ afterAll(async () => {
   for (const dir of homes) await rm(dir, { recursive: true, force: true });
 });
 
-describe("ownership on one engine (O1-O5)", () => {
+describe("ownership on one engine (O1–O4; U2 is O3 and O4)", () => {
   it("O1: two shims on two homes never list, stop or remove each other's containers, across restarts of both", async () => {
     const homeA = await home();
     const homeB = await home();

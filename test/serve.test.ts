@@ -124,7 +124,7 @@ describe("taskshim serve", () => {
     await shim.remove(cfg.id);
   });
 
-  it("never runs two shims on one home", async () => {
+  it("U4 never runs two shims on one home", async () => {
     const first = await start();
     const second = await start({ home: first.home, waitReady: false });
     expect(await second.waitExit()).toBe(1);

@@ -232,7 +232,7 @@ afterAll(async () => {
   await registry?.stop();
 });
 
-describe("upgrade at any moment", () => {
+describe("U1/U3 upgrade at any moment", () => {
   it("rolls out B and back to A with every task kept, exits finalized with real codes, B's state left alone", async () => {
     const stamp = Date.now().toString(36);
     const task = (label: string, extra: Record<string, unknown>) => ({

@@ -64,7 +64,7 @@ describe("ContainerOwnership.classify (the one rule)", () => {
   });
 });
 
-describe("ownership in the lifecycle", () => {
+describe("ownership in the lifecycle (O5)", () => {
   it("restore never lists another home's container nor an unclaimed one, and counts them", async () => {
     const mine = await env.submitAndStart();
     env.docker.addContainer({ name: "other-1", labels: labels("other-task", "home-b") });
