@@ -6,7 +6,7 @@ import { parsePrometheus, sumOf } from "./lib/prometheus.js";
 import type { Row } from "./lib/report.js";
 import { median, round } from "./lib/stats.js";
 
-/** Targets of issue 15: idle, with the fleet, and growth after submit → exit → remove cycles. */
+/** Memory targets (BENCHMARKS.md): idle, with the fleet, and growth after submit → exit → remove cycles. */
 const IDLE_TARGET_MB = 60;
 const LOADED_TARGET_MB = 90;
 const LEAK_MARGIN_MB = 15;
