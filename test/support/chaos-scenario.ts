@@ -33,12 +33,12 @@ const execFileAsync = promisify(execFile);
  * container sighting to the oracle (chaos-oracle.ts: the invariants I1–I8 of
  * docs/fault-matrix.md).
  *
- * The tracker keeps its own books (chaos-tracker.ts) and trusts nothing the shim says: what each task's workload
- * was programmed to do (its {@link Fate}), every fault the test itself caused (a terminate with
- * its reason, a remove, a container removed, restarted or started from outside), every
- * container id seen for the task (API and Docker) and how often the workload really started
- * (it appends a line to `/tmp/runner/starts` each time). Each terminal status is judged
- * against those books, never against another answer of the shim.
+ * The tracker keeps its own books (chaos-tracker.ts) and trusts nothing the shim says: what
+ * each task's workload was programmed to do (its {@link Fate}), every fault the test itself
+ * caused (a terminate with its reason, a remove, a container removed, restarted or started from
+ * outside), every container id seen for the task (API and Docker) and how often the workload
+ * really started (it appends a line to `/tmp/runner/starts` each time). Each terminal status is
+ * judged against those books, never against another answer of the shim.
  */
 
 /** Options of a task built by {@link Scenario.task}. */
