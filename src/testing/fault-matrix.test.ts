@@ -6,7 +6,8 @@ import { describe, expect, it } from "vitest";
  * docs/fault-matrix.md is the one place a fault id or an invariant id is defined (what the test
  * does, what must hold). These checks keep the tests and the matrix in step: every id the code
  * or the tests mention is a row of the matrix (or a "Not covered" entry that says why), and every
- * covered row is named by the title of at least one test.
+ * covered row is named by the title of at least one test. And no comment sends the reader to a
+ * document the repo does not have (a numbered section, the research notes, a tracker issue).
  */
 
 const ROOT = join(import.meta.dirname, "..", "..");
@@ -92,5 +93,20 @@ describe("docs/fault-matrix.md", () => {
     const titled = titledIds();
     const untested = [...rows.keys()].filter((id) => !id.startsWith("I") && !titled.has(id));
     expect(untested).toEqual([]);
+  });
+});
+
+describe("references in src/ and test/", () => {
+  it("point into the repo: no § section of an outside document (RFCs aside), no research notes, no issue numbers", () => {
+    const outside = /§|restart-anchors|wire notes|\bissue \d+/i;
+    const found: string[] = [];
+    for (const file of FILES) {
+      readFileSync(join(ROOT, file), "utf8")
+        .split("\n")
+        .forEach((line, i) => {
+          if (outside.test(line) && !/\bRFC \d+ §/.test(line)) found.push(`${file}:${i + 1}: ${line.trim()}`);
+        });
+    }
+    expect(found).toEqual([]);
   });
 });
