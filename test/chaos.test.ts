@@ -1127,6 +1127,65 @@ describe("chaos: containers changed while the shim is down (W1–W4)", () => {
 });
 
 // ------------------------------------------------------------------------------------------
+describe("chaos: the host reboots while the shim is down (D7)", () => {
+  afterAll(closeScenarios);
+
+  it("D7 reboot: running tasks end with exit 137 and a message that says so, finished ones keep theirs, a cut start runs in the new boot, all released once", async () => {
+    const s = await scenario("d7");
+    await s.start();
+    const running = s.task({ gpu: 1, keys: [makeHostKey("d7-running")], volumes: [host.volume(4)] });
+    const waiting = s.task({ exit: 0, keys: [makeHostKey("d7-waiting")] });
+    const finished = s.task({ exit: 3, gpu: 1, keys: [makeHostKey("d7-finished")] });
+    for (const t of [running, waiting, finished]) await s.submit(t);
+    for (const t of [running, waiting, finished]) await s.waitRunning(t.id);
+    await s.go(finished.id);
+    const before = await s.waitTerminated(finished.id);
+    await s.waitReleased(finished.id);
+    for (const t of [running, waiting]) await s.waitPersisted(t.id, "running");
+    await s.kill();
+    // A start cut before its container: it resumes after the reboot, in the new boot.
+    await s.start("after-state:creating=1*kill");
+    const resumed = s.task({ exit: 3, keys: [makeHostKey("d7-resumed")] });
+    await s.submit(resumed);
+    await s.died();
+    expect(await s.containersOf(resumed.id)).toEqual([]);
+
+    await s.reboot();
+    expect(await s.mounts()).toEqual([]);
+    await s.restart();
+
+    for (const t of [running, waiting]) {
+      const info = await s.must(t.id);
+      expect([info.status, info.termination_reason]).toEqual(["terminated", "container_exited_with_error"]);
+      expect(info.termination_message.split("\n")[0]).toBe(
+        "the host rebooted while the task was running (exit code 137)",
+      );
+      await s.waitReleased(t.id);
+      expect((await s.readState(t.id))?.exit_code).toBe(137);
+    }
+    const after = await s.must(finished.id);
+    expect([after.termination_reason, after.termination_message]).toEqual([
+      before.termination_reason,
+      before.termination_message,
+    ]);
+    expect((await s.readState(finished.id))?.exit_code).toBe(3);
+
+    await s.waitRunning(resumed.id);
+    await s.go(resumed.id);
+    const ended = await s.waitTerminated(resumed.id);
+    // It ran in this boot: its exit is its own, not the reboot's.
+    expect([ended.termination_reason, ended.termination_message]).toEqual([
+      "container_exited_with_error",
+      WAIT_TASK_TAIL,
+    ]);
+    await s.waitReleased(resumed.id);
+    expect((await s.keyEntries()).marked).toEqual([]);
+    expect(await s.mounts()).toEqual([]);
+    await s.oracle({ probeGpus: true });
+  });
+});
+
+// ------------------------------------------------------------------------------------------
 describe("chaos: random-kill soak (A15)", () => {
   afterEach(closeScenarios);
   it(

@@ -162,6 +162,26 @@ describe("restoreTasks", () => {
     expect(next.ctx.gpuLock.lockedIds()).toEqual(task.gpuIds);
   });
 
+  it("after a reboot, blames it only for containers that ran in the earlier boot (D7)", async () => {
+    const ran = await env.submitAndStart({});
+    const created = await env.seedTask({ status: "creating", containerState: "created" });
+    const cut = await env.seedTask({ status: "pending", containerState: "none" });
+    env.docker.exit(ran.containerId, 137, { logs: ["last line"] });
+    const sameBoot = await restart();
+    await restoreTasks(sameBoot.ctx);
+    expect(sameBoot.ctx.store.mustGet(ran.id).acrossReboot).toBeUndefined();
+
+    const next = await restart({ bootId: "11111111-next-boot" });
+    await restoreTasks(next.ctx);
+    expect(next.ctx.store.mustGet(ran.id).acrossReboot).toBe(true);
+    expect(next.ctx.store.mustGet(created.task.id).acrossReboot).toBeUndefined();
+    expect(next.ctx.store.mustGet(cut.task.id).acrossReboot).toBeUndefined();
+    await next.reconciler.tick();
+    expect(next.ctx.store.mustGet(ran.id).terminationMessage).toBe(
+      "the host rebooted while the task was running (exit code 137)\nlast line",
+    );
+  });
+
   it("quarantines a corrupt task.json and goes on restoring the others", async () => {
     const good = await env.submitAndStart();
     const badDir = join(env.home, "runners", "broken-0123abcd");

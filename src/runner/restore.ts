@@ -154,7 +154,7 @@ export async function restoreTasks(ctx: RunnerContext): Promise<RestoreReport> {
       ...(stored?.state.exit_code !== undefined ? { exitCode: stored.state.exit_code } : {}),
       ...(foreignDir !== undefined ? { foreign: true } : {}),
       ...(keysUnknown ? { degraded: true } : {}),
-      ...(acrossReboot(ctx, stored?.state) ? { acrossReboot: true } : {}),
+      ...(container.state !== "created" && acrossReboot(ctx, stored?.state) ? { acrossReboot: true } : {}),
     });
     if (status === "creating") resumed.push(taskId);
     if (unowned && adoptedDir !== "") changed.push(taskId);
@@ -179,7 +179,7 @@ export async function restoreTasks(ctx: RunnerContext): Promise<RestoreReport> {
       taskDir: dir,
       cleanedUp: state.cleaned_up,
       ...(state.exit_code !== undefined ? { exitCode: state.exit_code } : {}),
-      ...(acrossReboot(ctx, state) ? { acrossReboot: true } : {}),
+      ...(!PRE_CONTAINER.includes(status) && acrossReboot(ctx, state) ? { acrossReboot: true } : {}),
     });
     if (PRE_CONTAINER.includes(status)) resumed.push(taskId);
   }
@@ -234,7 +234,11 @@ async function sweepCredentials(
   await pLimit(RESTORE_INSPECT_CONCURRENCY).map([...dirs], (dir) => deleteRegistryAuth(dir));
 }
 
-/** The state was last written during an earlier boot of this host. */
+/**
+ * The state was last written during an earlier boot of this host. Only a container that ran
+ * then can have been ended by the reboot: a start resumed now (no container yet, or one only
+ * `created`) runs in this boot, and its exit is its own.
+ */
 function acrossReboot(ctx: RunnerContext, state: TaskState | undefined): boolean {
   return state?.boot_id !== undefined && state.boot_id !== ctx.bootId;
 }

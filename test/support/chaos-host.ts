@@ -9,8 +9,8 @@ import { SHIM_BUNDLE, tempHome } from "./shim-process.js";
 
 /*
  * The host the chaos suite stands in for: two AMD-style GPUs (harmless 1:3 character devices,
- * as in gpu.test.ts), GCP-style network disks (loop devices behind `google-<name>` links), a
- * fixed boot id, and ed25519-shaped host keys. Everything lives under one temp dir that
+ * as in gpu.test.ts), GCP-style network disks (loop devices behind `google-<name>` links) and
+ * ed25519-shaped host keys (each scenario keeps its own boot id). Everything lives under one temp dir that
  * `teardown()` removes, together with the loop devices, mounts and `cx-` containers.
  */
 
@@ -86,7 +86,6 @@ export class ChaosHost {
   root = "";
   gpuFixture = "";
   byIdDir = "";
-  bootIdFile = "";
   /** A copy of the bundle under test, so a rebuild during the run cannot mix two versions. */
   bundle = "";
   readonly volumes: LoopVolume[] = [];
@@ -114,8 +113,6 @@ export class ChaosHost {
         ],
       }),
     );
-    this.bootIdFile = join(this.root, "boot_id");
-    await writeFile(this.bootIdFile, `cx-boot-${this.nonce}\n`);
     this.byIdDir = join(this.root, "by-id");
     await mkdir(this.byIdDir);
     for (let index = 0; index < volumeCount; index++) {

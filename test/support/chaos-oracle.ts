@@ -65,6 +65,10 @@ const EXIT_BASED: ReadonlySet<string> = new Set(["done_by_runner", "container_ex
 /** The shim's own reasons for a task whose start failed before a container ran. */
 const START_FAILURES: ReadonlySet<string> = new Set(["creating_container_error", "executor_error"]);
 const CONTAINER_NOT_FOUND = "container not found";
+/** What a container killed by the test's simulated reboot exits with (SIGKILL). */
+const REBOOT_EXIT_CODE = 137;
+/** How the shim must begin the message of a task whose container a reboot ended. */
+const REBOOT_NOTE = `the host rebooted while the task was running (exit code ${REBOOT_EXIT_CODE})`;
 
 /** The user's authorized_keys as the scenario read it. */
 export interface KeysFileView {
@@ -222,7 +226,8 @@ export class ChaosOracle {
    * Judges a terminal reason against the books alone: an exit-based reason needs a workload
    * programmed to exit that way and told to; "container not found" needs the test to have
    * removed the container; a start failure needs that no container ever ran; any other reason
-   * must be one a terminate asked for.
+   * must be one a terminate asked for. A container the test's reboot killed must end
+   * `container_exited_with_error`, the message saying the host rebooted.
    */
   private judgeReason(t: TrackedTask, reason: string, message: string): void {
     if (!VALID_REASONS.has(reason)) {
@@ -230,7 +235,19 @@ export class ChaosOracle {
       return;
     }
     const fate = t.fate;
-    if (EXIT_BASED.has(reason)) {
+    if (EXIT_BASED.has(reason) && t.killedByReboot) {
+      // The reboot's SIGKILL decided the exit, not the workload's programme.
+      if (reason !== "container_exited_with_error") {
+        this.flag(
+          t,
+          "reason",
+          "wrong_exit",
+          `reported ${reason}, but the test's reboot killed its container`,
+        );
+      } else if (!message.startsWith(REBOOT_NOTE)) {
+        this.flag(t, "reason", "wrong_exit", `killed by the test's reboot, but the message does not say so`);
+      }
+    } else if (EXIT_BASED.has(reason)) {
       if (fate.kind === "runs-until-told") {
         this.flag(t, "reason", "wrong_exit", `reported ${reason}, but its workload runs until told`);
       } else if (fate.trigger === "go" && !t.goSent) {
@@ -251,7 +268,7 @@ export class ChaosOracle {
 
   /**
    * Judges the exit code of an exit-based terminal status: the container's (when it is still
-   * there) and task.json's must both be the programmed one (137 for an OOM kill).
+   * there) and task.json's must both be the programmed one (137 for an OOM kill or the reboot's kill).
    */
   judgeExit(
     t: TrackedTask,
@@ -259,8 +276,11 @@ export class ChaosOracle {
     container: ChaosContainer | undefined,
     state: ChaosTaskState | undefined,
   ): void {
-    if (!EXIT_BASED.has(reason) || t.fate.kind !== "exits") return;
-    const programmed = t.fate.code;
+    if (!EXIT_BASED.has(reason)) return;
+    let programmed: number;
+    if (t.killedByReboot) programmed = REBOOT_EXIT_CODE;
+    else if (t.fate.kind === "exits") programmed = t.fate.code;
+    else return;
     const exited = container !== undefined && (container.state === "exited" || container.state === "dead");
     if (exited && container.exitCode !== programmed) {
       this.flag(
@@ -278,7 +298,13 @@ export class ChaosOracle {
         `task.json says exit code ${state.exit_code}, programmed ${programmed}`,
       );
     }
-    if (exited && t.fate.oom === true && !container.oomKilled) {
+    if (
+      exited &&
+      !t.killedByReboot &&
+      t.fate.kind === "exits" &&
+      t.fate.oom === true &&
+      !container.oomKilled
+    ) {
       this.flag(t, "exit", "wrong_exit", "programmed to be OOM-killed, but its container was not");
     }
   }

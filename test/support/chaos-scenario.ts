@@ -96,6 +96,8 @@ export class Scenario {
   readonly keysFile: string;
   readonly passwdFile: string;
   readonly mountRoot: string;
+  /** The scenario's own kernel boot id file: {@link reboot} changes it for this scenario alone. */
+  readonly bootIdFile: string;
   readonly user = "cxuser";
   /** The books and the invariant checks (docs/fault-matrix.md I1–I8). */
   readonly books: ChaosOracle;
@@ -105,6 +107,7 @@ export class Scenario {
   private readonly processes: ShimProcess[] = [];
   private proxy: DockerProxy | undefined;
   private seq = 0;
+  private boots = 0;
 
   private constructor(
     readonly host: ChaosHost,
@@ -119,6 +122,7 @@ export class Scenario {
     this.keysFile = join(this.userHome, ".ssh", "authorized_keys");
     this.passwdFile = join(this.dir, "passwd");
     this.mountRoot = join(this.dir, "mnt");
+    this.bootIdFile = join(this.dir, "boot_id");
     this.books = new ChaosOracle(stats, { handWrittenKeys: HAND_WRITTEN, keysOwner: HOST_UID });
   }
 
@@ -142,6 +146,7 @@ export class Scenario {
     const s = new Scenario(host, stats, tag, image);
     await mkdir(join(s.userHome, ".ssh"), { recursive: true, mode: 0o700 });
     await mkdir(s.mountRoot, { recursive: true });
+    await writeFile(s.bootIdFile, `cx-boot-${host.nonce}-${tag}-0\n`);
     await writeFile(
       s.passwdFile,
       `root:x:0:0:root:/root:/bin/sh\n${s.user}:x:${HOST_UID}:${HOST_UID}::${s.userHome}:/bin/sh\n`,
@@ -179,7 +184,7 @@ export class Scenario {
         TASKSHIM_FAILPOINTS: failpoints,
         TASKSHIM_PASSWD_FILE: this.passwdFile,
         TASKSHIM_DISK_BY_ID_DIR: this.host.byIdDir,
-        TASKSHIM_BOOT_ID_FILE: this.host.bootIdFile,
+        TASKSHIM_BOOT_ID_FILE: this.bootIdFile,
       },
     });
     this.shim = shim;
@@ -348,6 +353,24 @@ export class Scenario {
    */
   async startContainer(containerId: string): Promise<void> {
     await testDocker().getContainer(containerId).start();
+  }
+
+  /**
+   * A host reboot while the shim is down (D7), recorded first: every running container of the
+   * scenario is killed (SIGKILL, exit 137, as a power cut or the engine's own stop leaves it),
+   * every mount under the scenario's mount root is gone, and the boot id changes.
+   */
+  async reboot(): Promise<void> {
+    if (this.alive()) throw new Error(`${this.tag}: a reboot needs the shim down first`);
+    for (const c of await this.containers()) {
+      if (c.state !== "running") continue;
+      const t = this.tracked.get(c.taskId);
+      if (t) t.killedByReboot = true;
+      await testDocker().getContainer(c.id).kill({ signal: "SIGKILL" });
+    }
+    for (const point of (await this.mounts()).reverse()) await execFileAsync("umount", ["-l", point]);
+    this.boots += 1;
+    await writeFile(this.bootIdFile, `cx-boot-${this.host.nonce}-${this.tag}-${this.boots}\n`);
   }
 
   /** GET one task (observed), or undefined on 404. */

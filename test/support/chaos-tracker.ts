@@ -56,6 +56,8 @@ export interface TrackedTask {
   containerRemovedByTest: boolean;
   /** How many times the test itself restarted the task's container. */
   restartsByTest: number;
+  /** The test's simulated host reboot killed the task's running container (SIGKILL: exit 137). */
+  killedByReboot: boolean;
   /** Every container id seen for the task, from the API and from Docker. */
   readonly containerIds: Set<string>;
   /** A container of the task ran (seen running, started, or the workload recorded a start). */
@@ -104,6 +106,7 @@ export function newTrackedTask(config: ChaosTaskConfig, containerName: string, f
     terminateReasons: new Set(),
     containerRemovedByTest: false,
     restartsByTest: 0,
+    killedByReboot: false,
     containerIds: new Set(),
     ran: false,
     flagged: new Set(),
