@@ -20,6 +20,7 @@ import {
   type ContainerEvent,
   type ContainerState,
   type DockerClient,
+  type PortMapping,
   type PullAuth,
   type RemovalConfirmed,
   type TaskContainerSummary,
@@ -33,7 +34,7 @@ import { HostVolumes } from "../host/volumes.js";
 import { StorageHealth } from "../state/storage-health.js";
 import { TaskDirs } from "../state/task-dirs.js";
 import { containerNameFor } from "../tasks/container-name.js";
-import type { PortMapping, Task } from "../tasks/task.js";
+import type { Task } from "../tasks/task.js";
 import { parseTaskConfig, type RegistryAuth, type TaskConfig } from "../tasks/task-config.js";
 import type { TaskStatus } from "../tasks/task-status.js";
 import { TaskStore } from "../tasks/task-store.js";
