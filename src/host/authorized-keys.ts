@@ -311,6 +311,8 @@ async function replaceAtomically(
     throw new AuthorizedKeysWriteError(`cannot replace ${path}: ${describe(error)}`, { cause: error });
   }
   try {
+    // The directory fsync goes through the held handle, not a path (state/durable-write.ts's
+    // syncDirectory opens one): by now `~/.ssh` may name another directory.
     await ssh.sync();
   } catch (error) {
     throw new AuthorizedKeysWriteError(`cannot sync ${sshDir}: ${describe(error)}`, { cause: error });
