@@ -1,5 +1,9 @@
 import js from "@eslint/js";
 import tseslint from "typescript-eslint";
+import { boundaryConfigs } from "./eslint-boundaries.ts";
+
+/** Imports refused everywhere (the boundary blocks below repeat them: a later block's options replace these). */
+const restrictedPaths = [{ name: "@sinclair/typebox", message: "use 'typebox'" }];
 
 export default tseslint.config(
   {
@@ -22,12 +26,11 @@ export default tseslint.config(
     rules: {
       "@typescript-eslint/switch-exhaustiveness-check": "error",
       "@typescript-eslint/no-unused-vars": ["error", { argsIgnorePattern: "^_", varsIgnorePattern: "^_" }],
-      "no-restricted-imports": [
-        "error",
-        { paths: [{ name: "@sinclair/typebox", message: "use 'typebox'" }] },
-      ],
+      "no-restricted-imports": ["error", { paths: restrictedPaths }],
     },
   },
+  // Arrows only point down: the folder graph of docs/architecture.md, one block per folder.
+  ...boundaryConfigs(restrictedPaths),
   {
     files: ["eslint.config.js"],
     extends: [tseslint.configs.disableTypeChecked],

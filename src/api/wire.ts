@@ -1,7 +1,7 @@
 import type { Task } from "../tasks/task.js";
 import type { TaskStatus } from "../tasks/task-status.js";
 import type { ImagePullProgress } from "../docker/pull-progress.js";
-import type { PortMapping } from "../tasks/task.js";
+import type { PortMapping } from "../docker/docker-client.js";
 import type { TaskStatusChange } from "../tasks/task-store.js";
 
 /** `GET /api/tasks/{id}` and the other task answers (dstack-shim's TaskInfoResponse). */

@@ -1,11 +1,11 @@
 import { execFileSync } from "node:child_process";
 import { describe, expect, it } from "vitest";
-import { parseTaskConfig } from "../tasks/task-config.js";
 import {
   buildContainerSpec,
   runnerLaunchScript,
   shellQuote,
   type ContainerParams,
+  type ContainerTaskConfig,
 } from "./container-spec.js";
 
 const KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIDTp2Jhb0wgYZiq9AErq068kD4ch2hRgtZixNUo1HbJZ";
@@ -23,13 +23,28 @@ const params: ContainerParams = {
   infiniband: false,
 };
 
-function config(extra: Record<string, unknown> = {}) {
-  return parseTaskConfig({ id: "t-1", name: "job", image_name: "ubuntu:22.04", ...extra }).config;
+/** A task's container settings as a parsed submit body with only id and image gives them. */
+function config(extra: Partial<ContainerTaskConfig> = {}): ContainerTaskConfig {
+  return {
+    id: "t-1",
+    image_name: "ubuntu:22.04",
+    container_user: "root",
+    privileged: false,
+    cpu: 0,
+    memory: 0,
+    shm_size: 0,
+    network_mode: "host",
+    volume_mounts: [],
+    instance_mounts: [],
+    gpu_devices: [],
+    container_ssh_keys: [],
+    ...extra,
+  };
 }
 
 type HostConfig = Record<string, unknown> & { Mounts: { Source: string; Target: string }[] };
 
-function spec(extra: Record<string, unknown> = {}, overrides: Partial<ContainerParams> = {}) {
+function spec(extra: Partial<ContainerTaskConfig> = {}, overrides: Partial<ContainerParams> = {}) {
   const built = buildContainerSpec({
     config: config(extra),
     containerName: "job-abcd1234",
@@ -109,7 +124,6 @@ describe("buildContainerSpec", () => {
   it("uses explicit gpu_devices instead of the vendor setup when the task holds GPUs", () => {
     const built = buildContainerSpec({
       config: config({
-        gpu: 1,
         gpu_devices: [{ path_on_host: "/dev/nvidia0", path_in_container: "/dev/nvidia0" }],
       }),
       containerName: "job-abcd1234",

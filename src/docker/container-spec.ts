@@ -1,5 +1,4 @@
 import type { GpuContainerConfig } from "../host/gpu-inventory.js";
-import type { TaskConfig } from "../tasks/task-config.js";
 import { LABEL_IS_TASK, LABEL_OWNER, LABEL_TASK_ID, type ContainerCreateSpec } from "./docker-client.js";
 
 /** Where the runner dir and binary appear inside every task container. */
@@ -22,6 +21,30 @@ export interface ContainerParams {
   readonly infiniband: boolean;
 }
 
+/**
+ * What of a task's configuration shapes its container, in the submit body's field names. The
+ * task model's `TaskConfig` fits it as it is; declaring the narrow shape here keeps the Docker
+ * layer free of the task model (docs/architecture.md: arrows point down).
+ */
+export interface ContainerTaskConfig {
+  readonly id: string;
+  readonly image_name: string;
+  readonly container_user: string;
+  readonly privileged: boolean;
+  readonly cpu: number;
+  readonly memory: number;
+  readonly shm_size: number;
+  readonly network_mode: "host" | "bridge";
+  readonly volume_mounts: readonly { readonly name: string; readonly path: string }[];
+  readonly instance_mounts: readonly { readonly instance_path: string; readonly path: string }[];
+  readonly gpu_devices: readonly { readonly path_on_host: string; readonly path_in_container: string }[];
+  readonly container_ssh_keys: readonly string[];
+  /** Run this argv instead of the dstack-runner launch script. */
+  readonly command?: readonly string[];
+  /** Extra container environment. */
+  readonly env?: Readonly<Record<string, string>>;
+}
+
 /** Quotes one word for a POSIX shell, so no key or argument can break out of it. */
 export function shellQuote(word: string): string {
   return `'${word.replaceAll("'", `'\\''`)}'`;
@@ -31,7 +54,10 @@ export function shellQuote(word: string): string {
  * The `/bin/sh -c` script that installs sshd if the image lacks it and starts dstack-runner
  * (dstack-shim's `DockerShellCommands`). Unlike the original, keys are shell-quoted.
  */
-export function runnerLaunchScript(config: TaskConfig, params: ContainerParams): string {
+export function runnerLaunchScript(
+  config: Pick<ContainerTaskConfig, "network_mode" | "container_ssh_keys">,
+  params: ContainerParams,
+): string {
   const prepare = [
     ": ",
     "unset LD_LIBRARY_PATH",
@@ -73,7 +99,7 @@ interface Mount {
  * network, GPUs. Restart policy "no" and never auto-remove: the exit code must outlive us.
  */
 export function buildContainerSpec(input: {
-  readonly config: TaskConfig;
+  readonly config: ContainerTaskConfig;
   readonly containerName: string;
   readonly runnerDir: string;
   readonly params: ContainerParams;

@@ -1,5 +1,4 @@
 import type { Readable } from "node:stream";
-import type { PortMapping } from "../tasks/task.js";
 
 /** Container label marking shim tasks (shared with dstack-shim). */
 export const LABEL_IS_TASK = "ai.dstack.shim.is-task";
@@ -22,6 +21,12 @@ export interface TaskContainerSummary {
   /** The owner label ({@link LABEL_OWNER}); "" when the container has none. */
   readonly owner: string;
   readonly state: ContainerState;
+}
+
+/** A host port bound to a container port (bridge mode, 127.0.0.1 only). */
+export interface PortMapping {
+  readonly host: number;
+  readonly container: number;
 }
 
 /** A mount of a container, as an inspect reports it. */

@@ -3,7 +3,6 @@ import type { Readable } from "node:stream";
 import Docker from "dockerode";
 import { withDeadline } from "../exec/deadline-signal.js";
 import { OperationBound } from "../exec/operation-bound.js";
-import type { PortMapping } from "../tasks/task.js";
 import {
   LABEL_IS_TASK,
   LABEL_OWNER,
@@ -13,6 +12,7 @@ import {
   type ContainerEvent,
   type ContainerState,
   type DockerClient,
+  type PortMapping,
   type PullAuth,
   type RemovalConfirmed,
   type TaskContainerSummary,

@@ -1,6 +1,7 @@
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
 import type { AddressInfo } from "node:net";
 import { afterEach, describe, expect, it } from "vitest";
+import { REMOVAL_TIMEOUT_MS } from "./confirmed-removal.js";
 import { DockerodeClient } from "./dockerode-client.js";
 import { RemovalUnconfirmedError } from "./docker-errors.js";
 
@@ -85,6 +86,12 @@ async function reasonOf(promise: Promise<unknown>): Promise<RemovalUnconfirmedEr
   expect(error).toBeInstanceOf(RemovalUnconfirmedError);
   return (error as RemovalUnconfirmedError).reason;
 }
+
+describe("the seed's removal constant", () => {
+  it("removal deadline 30 s", () => {
+    expect(REMOVAL_TIMEOUT_MS).toBe(30_000);
+  });
+});
 
 describe("DockerodeClient.removeContainer: the seed's confirmed removal on the Engine API", () => {
   it("a 204 is removed, with no inspect", async () => {

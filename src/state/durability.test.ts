@@ -2,7 +2,8 @@ import { mkdir, mkdtemp, readdir, readFile, rm, writeFile } from "node:fs/promis
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
-import { AuthorizedKeys, PUBLIC_KEY_MARKER, type UserLookup } from "../host/authorized-keys.js";
+import { AuthorizedKeys, type UserLookup } from "../host/authorized-keys.js";
+import { PUBLIC_KEY_MARKER } from "../host/ssh-public-key.js";
 import { newTask } from "../tasks/task.js";
 import { taskConfig } from "../testing/fixtures.js";
 import { writeFileDurably } from "./durable-write.js";

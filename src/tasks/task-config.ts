@@ -2,7 +2,7 @@ import { posix } from "node:path";
 import Type, { type Static, type TSchema } from "typebox";
 import Value from "typebox/value";
 import { parseImageReference } from "../docker/image-ref.js";
-import { canonicalizePublicKey } from "../host/authorized-keys.js";
+import { canonicalizePublicKey } from "../host/ssh-public-key.js";
 import type { VolumeInfo } from "../host/volumes.js";
 
 /*

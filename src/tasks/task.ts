@@ -1,14 +1,9 @@
+import type { PortMapping } from "../docker/docker-client.js";
 import type { ImagePullProgress } from "../docker/pull-progress.js";
 import { containerNameFor } from "./container-name.js";
 import type { TaskConfig } from "./task-config.js";
 import type { TaskStatus } from "./task-status.js";
 import type { TerminationReason } from "./termination-reason.js";
-
-/** A host port bound to a container port (bridge mode, 127.0.0.1 only). */
-export interface PortMapping {
-  readonly host: number;
-  readonly container: number;
-}
 
 /**
  * A task as the shim holds it in memory: a cache rebuilt at startup from Docker (containers)

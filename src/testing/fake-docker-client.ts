@@ -13,12 +13,12 @@ import {
   type ContainerEvent,
   type ContainerState,
   type DockerClient,
+  type PortMapping,
   type PullAuth,
   type RemovalConfirmed,
   type TaskContainerSummary,
 } from "../docker/docker-client.js";
 import { DockerConflictError, DockerNotFoundError } from "../docker/docker-errors.js";
-import type { PortMapping } from "../tasks/task.js";
 import { pullStream, SUCCESSFUL_PULL_LINES } from "./pull-streams.js";
 
 /** The methods of the Docker port, as recorded by {@link FakeDockerClient}. */
