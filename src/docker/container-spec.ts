@@ -1,4 +1,4 @@
-import type { GpuContainerConfig } from "../host/gpu-inventory.js";
+import type { GpuContainerConfig } from "./gpu-devices.js";
 import type { TaskConfig } from "../tasks/task-config.js";
 import { LABEL_IS_TASK, LABEL_OWNER, LABEL_TASK_ID, type ContainerCreateSpec } from "./docker-client.js";
 

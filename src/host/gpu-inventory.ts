@@ -1,5 +1,4 @@
 import { readFile, realpath } from "node:fs/promises";
-import { posix } from "node:path";
 import Type from "typebox";
 import Value from "typebox/value";
 import { OperationBound } from "../exec/operation-bound.js";
@@ -53,23 +52,11 @@ export class GpuDetectionError extends Error {
   override readonly name = "GpuDetectionError";
 }
 
-/** A GPU id that is not in the inventory was passed to {@link gpuContainerConfig}. */
-export class UnknownGpuIdError extends Error {
-  override readonly name = "UnknownGpuIdError";
-}
-
-/** The device node every ROCm container needs besides its render nodes. */
+/**
+ * The AMD kernel driver node (ROCm needs it besides the render nodes); a fixture substitutes a host
+ * node for it in `deviceOverrides`.
+ */
 export const AMD_KFD_PATH = "/dev/kfd";
-/** Capabilities of the NVIDIA device request (dstack-shim's list). */
-export const NVIDIA_GPU_CAPABILITIES: readonly string[] = [
-  "gpu",
-  "utility",
-  "compute",
-  "graphics",
-  "video",
-  "display",
-  "compat32",
-];
 
 const NVIDIA_SMI_DEADLINE_MS = 10_000;
 const AMD_SMI_DEADLINE_MS = 60_000;
@@ -369,103 +356,4 @@ function amdVramMiB(size: unknown): number {
   // amd-smi says MB but means MiB.
   const factor = /^g/i.test(unit) ? 1024 : /^k/i.test(unit) ? 1 / 1024 : 1;
   return Math.round(amount * factor);
-}
-
-/** The GPU part of a container spec (Docker `HostConfig` fields plus env). */
-export interface GpuContainerConfig {
-  readonly deviceRequests: readonly { Driver?: string; DeviceIDs: string[]; Capabilities: string[][] }[];
-  readonly devices: readonly { PathOnHost: string; PathInContainer: string; CgroupPermissions: string }[];
-  readonly capAdd: readonly string[];
-  readonly securityOpt: readonly string[];
-  readonly ipcMode?: string;
-  readonly env: readonly string[];
-}
-
-/** Options of {@link gpuContainerConfig}. */
-export interface GpuContainerConfigOptions {
-  /** Request NVIDIA's `display` capability (default true); the retry after an engine refuses it drops it. */
-  readonly nvidiaDisplay?: boolean;
-}
-
-/**
- * The GPU part of the container spec for the locked `ids` (§4.6): NVIDIA gets one device request
- * with the capability list; AMD gets `/dev/kfd` and each render node as devices, host IPC,
- * `SYS_PTRACE` and an unconfined seccomp profile (ROCm needs all three). Host paths go through the
- * inventory's fixture overrides. No ids → an empty config.
- *
- * @throws UnknownGpuIdError for an id the inventory does not have.
- */
-export function gpuContainerConfig(
-  inventory: GpuInventory,
-  ids: readonly string[],
-  options: GpuContainerConfigOptions = {},
-): GpuContainerConfig {
-  const empty: GpuContainerConfig = { deviceRequests: [], devices: [], capAdd: [], securityOpt: [], env: [] };
-  if (ids.length === 0) return empty;
-  const known = new Set(inventory.gpus.map((gpu) => gpu.id));
-  const unknown = ids.filter((id) => !known.has(id));
-  if (unknown.length > 0 || inventory.vendor === "none") {
-    throw new UnknownGpuIdError(`unknown GPU id(s): ${(unknown.length > 0 ? unknown : ids).join(", ")}`);
-  }
-  switch (inventory.vendor) {
-    case "nvidia": {
-      const capabilities = NVIDIA_GPU_CAPABILITIES.filter(
-        (cap) => cap !== "display" || options.nvidiaDisplay !== false,
-      );
-      return { ...empty, deviceRequests: [{ DeviceIDs: [...ids], Capabilities: [capabilities] }] };
-    }
-    case "amd": {
-      const device = (path: string) => ({
-        PathOnHost: inventory.deviceOverrides?.[path] ?? path,
-        PathInContainer: path,
-        CgroupPermissions: "rwm",
-      });
-      return {
-        ...empty,
-        devices: [device(AMD_KFD_PATH), ...ids.map(device)],
-        ipcMode: "host",
-        capAdd: ["SYS_PTRACE"],
-        securityOpt: ["seccomp=unconfined"],
-      };
-    }
-  }
-}
-
-/** The part of a container's inspected `HostConfig` that tells which GPUs it holds. */
-export type GpuHostConfig =
-  | {
-      DeviceRequests?: { DeviceIDs?: string[] }[] | null;
-      Devices?: { PathOnHost?: string; PathInContainer?: string }[] | null;
-    }
-  | undefined;
-
-/**
- * The GPU ids an existing container holds, recovered after a shim restart (§4.2 step 4): NVIDIA
- * reads the ids of its single device request (none with explicit `gpu_devices`); AMD takes the
- * devices whose host path is a render node, mapping fixture nodes back to their ids.
- */
-export function gpuIdsFromContainer(inventory: GpuInventory, hostConfig: GpuHostConfig): string[] {
-  if (hostConfig === undefined) return [];
-  switch (inventory.vendor) {
-    case "nvidia": {
-      const requests = hostConfig.DeviceRequests ?? [];
-      const [only] = requests;
-      if (requests.length !== 1 || only === undefined) return [];
-      return (only.DeviceIDs ?? []).filter((id) => typeof id === "string" && id !== "");
-    }
-    case "amd": {
-      const byHostPath = new Map(
-        Object.entries(inventory.deviceOverrides ?? {}).map(([id, hostPath]) => [hostPath, id]),
-      );
-      const ids: string[] = [];
-      for (const device of hostConfig.Devices ?? []) {
-        if (device.PathOnHost === undefined) continue;
-        const id = byHostPath.get(device.PathOnHost) ?? posix.normalize(device.PathOnHost);
-        if (RENDER_NODE_PATTERN.test(id) && !ids.includes(id)) ids.push(id);
-      }
-      return ids;
-    }
-    case "none":
-      return [];
-  }
 }

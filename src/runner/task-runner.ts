@@ -13,7 +13,7 @@ import {
 } from "../docker/image-ref.js";
 import { consumePullStream, PullTracker } from "../docker/pull-progress.js";
 import { deadlineSignal } from "../exec/deadline-signal.js";
-import { gpuContainerConfig } from "../host/gpu-inventory.js";
+import { gpuContainerConfig } from "../docker/gpu-devices.js";
 import { isStorageError, StorageUnavailableError } from "../state/storage-health.js";
 import { TaskDirs } from "../state/task-dirs.js";
 import { newTask, type Task, type TaskDraft } from "../tasks/task.js";

@@ -27,7 +27,8 @@ import {
 import { DockerConflictError, DockerNotFoundError } from "../docker/docker-errors.js";
 import type { BoundedOutcome, CommandRequest, CommandRunner } from "../exec/run-bounded.js";
 import { AuthorizedKeys, HostKeysReconciler, type UserLookup } from "../host/authorized-keys.js";
-import { gpuContainerConfig, type GpuInventory } from "../host/gpu-inventory.js";
+import { gpuContainerConfig } from "../docker/gpu-devices.js";
+import type { GpuInventory } from "../host/gpu-inventory.js";
 import { GpuLock } from "../host/gpu-lock.js";
 import { HostVolumes } from "../host/volumes.js";
 import { StorageHealth } from "../state/storage-health.js";
