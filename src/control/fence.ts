@@ -15,6 +15,7 @@ import {
 import { OperationBound } from "../exec/operation-bound.js";
 import type { CommandRunner } from "../exec/run-bounded.js";
 import { ShimClient, ShimHttpError, ShimUnreachableError } from "./shim-client.js";
+import { errorMessage } from "../errors/error-message.js";
 
 /** `--deadline`'s default: the seed's removal deadline. */
 export const FENCE_DEFAULT_DEADLINE_MS = 30_000;
@@ -134,8 +135,8 @@ async function fenceViaShim(
   } catch (error) {
     const listing = new ListingError(
       error instanceof ShimUnreachableError ? "shim_unreachable" : "shim",
-      { elapsed_ms: Date.now() - started, detail: (error as Error).message },
-      `cannot list the tasks of ${url}: ${(error as Error).message}`,
+      { elapsed_ms: Date.now() - started, detail: errorMessage(error) },
+      `cannot list the tasks of ${url}: ${errorMessage(error)}`,
     );
     return {
       kind: error instanceof ShimUnreachableError ? "unreachable" : "answered",
@@ -172,7 +173,7 @@ async function fenceTaskViaShim(client: ShimClient, id: string): Promise<FenceRe
       return result("already_absent", null);
     }
     const reason = error instanceof ShimUnreachableError ? "shim_unreachable" : "shim";
-    return result("unconfirmed", reason, (error as Error).message);
+    return result("unconfirmed", reason, errorMessage(error));
   }
   try {
     await client.getTask(id);
@@ -184,7 +185,7 @@ async function fenceTaskViaShim(client: ShimClient, id: string): Promise<FenceRe
       return result("removed", null);
     }
     const reason = error instanceof ShimUnreachableError ? "shim_unreachable" : "shim";
-    return result("unconfirmed", reason, (error as Error).message);
+    return result("unconfirmed", reason, errorMessage(error));
   }
 }
 
@@ -250,8 +251,8 @@ async function listTaskContainers(
   } catch (error) {
     throw new ListingError(
       target.kind === "ssh" ? "ssh" : "launch",
-      { elapsed_ms: bound.elapsedMs(), detail: (error as Error).message },
-      (error as Error).message,
+      { elapsed_ms: bound.elapsedMs(), detail: errorMessage(error) },
+      errorMessage(error),
     );
   }
   if (outcome.kind !== "exited") {

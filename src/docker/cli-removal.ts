@@ -17,6 +17,7 @@ import {
 import type { RemovalConfirmed } from "./docker-client.js";
 import type { RemovalUnconfirmedReason } from "./docker-errors.js";
 import { shellQuote } from "./container-spec.js";
+import { errorMessage } from "../errors/error-message.js";
 
 /** An SSH destination: `[user@]host[:port]`, and how to authenticate. */
 export interface SshTarget {
@@ -85,7 +86,7 @@ function failureOf(outcome: Exclude<BoundedOutcome, { kind: "exited" }>): Remova
 }
 
 function errorReason(target: CliTarget, error: unknown): RemovalUnconfirmedReason {
-  const detail = error instanceof Error ? error.message : String(error);
+  const detail = errorMessage(error);
   if (error instanceof CommandLaunchError) {
     return target.kind === "ssh"
       ? { kind: "ssh", detail: `failed to launch SSH for ${describeTarget(target)}: ${detail}` }

@@ -2,6 +2,7 @@ import { spawn, type ChildProcess, type SpawnOptions, type StdioOptions } from "
 import { finished, type Readable, type Writable } from "node:stream";
 import type { CleanupEvidence, CleanupTrigger } from "./cleanup-evidence.js";
 import { OperationBound } from "./operation-bound.js";
+import { errorMessage } from "../errors/error-message.js";
 
 /** Grace for the killed process group's leader to be reaped. */
 export const COMMAND_REAP_GRACE_MS = 5_000;
@@ -325,7 +326,7 @@ export class BoundedCommandRunner implements CommandRunner {
         stdio: [request.stdin === undefined ? "ignore" : "pipe", "pipe", "pipe"],
       });
     } catch (error) {
-      throw new CommandLaunchError(`cannot start ${program}: ${(error as Error).message}`, { cause: error });
+      throw new CommandLaunchError(`cannot start ${program}: ${errorMessage(error)}`, { cause: error });
     }
     if (child.pid === undefined) {
       // Node knows a failed spawn at once (no pid) and emits the reason on the next tick.

@@ -2,6 +2,7 @@ import { createHash } from "node:crypto";
 import { constants } from "node:fs";
 import { lstat, mkdir, open, readFile, rename, unlink, type FileHandle } from "node:fs/promises";
 import { join } from "node:path";
+import { errorMessage } from "../errors/error-message.js";
 
 /** Appended to the comment of every entry the shim writes; only such entries are ever removed. */
 export const PUBLIC_KEY_MARKER = "# added by dstack-shim";
@@ -34,7 +35,7 @@ export class UserKeysReconcileError extends Error {
     options: ErrorOptions,
   ) {
     super(
-      `reconcile authorized_keys of ${user}: ${(options.cause as Error | undefined)?.message ?? "failed"}`,
+      `reconcile authorized_keys of ${user}: ${options.cause === undefined ? "failed" : errorMessage(options.cause)}`,
       options,
     );
   }
@@ -451,7 +452,7 @@ async function replaceAtomically(
 
 /** An error's message without the /proc/self/fd path it may name (meaningless to an operator). */
 function describe(error: unknown): string {
-  return (error as Error).message.replace(/\/proc\/self\/fd\/\d+\//g, "");
+  return errorMessage(error).replace(/\/proc\/self\/fd\/\d+\//g, "");
 }
 
 /** How a reconcile treats the shim entries already in the file. */

@@ -8,6 +8,7 @@ import {
   runChecked,
   type CommandRunner,
 } from "../exec/run-bounded.js";
+import { errorMessage } from "../errors/error-message.js";
 
 /** The GPU vendor of a host; one vendor per host, as dstack-shim assumes. */
 export type GpuVendor = "nvidia" | "amd" | "none";
@@ -108,7 +109,7 @@ export async function loadGpuFixture(path: string): Promise<GpuInventory> {
   try {
     raw = JSON.parse(await readFile(path, "utf8"));
   } catch (error) {
-    throw new GpuFixtureError(`cannot read GPU fixture ${path}: ${(error as Error).message}`, {
+    throw new GpuFixtureError(`cannot read GPU fixture ${path}: ${errorMessage(error)}`, {
       cause: error,
     });
   }
@@ -182,7 +183,7 @@ async function probe(
   } catch (error) {
     if (!(error instanceof CommandLaunchError)) {
       log?.(`GPU detection with ${tool} failed; assuming no GPUs from it`, {
-        error: (error as Error).message,
+        error: errorMessage(error),
       });
     }
     return [];
@@ -302,7 +303,7 @@ export function parseAmdSmiStatic(stdout: string): AmdSmiGpu[] {
   try {
     parsed = JSON.parse(stdout);
   } catch (error) {
-    throw new GpuDetectionError(`amd-smi printed invalid JSON: ${(error as Error).message}`, {
+    throw new GpuDetectionError(`amd-smi printed invalid JSON: ${errorMessage(error)}`, {
       cause: error,
     });
   }

@@ -3,6 +3,7 @@ import { posix } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import { OperationBound } from "../exec/operation-bound.js";
 import { CommandFailedError, runChecked, type CommandRunner } from "../exec/run-bounded.js";
+import { errorMessage } from "../errors/error-message.js";
 
 /** A network volume to attach and mount on the host (`TaskConfig.volumes`). */
 export interface VolumeInfo {
@@ -37,7 +38,7 @@ export class VolumePrepareError extends Error {
     options: ErrorOptions,
   ) {
     super(
-      `format and mount volume ${volume}: ${(options.cause as Error | undefined)?.message ?? "failed"}`,
+      `format and mount volume ${volume}: ${options.cause === undefined ? "failed" : errorMessage(options.cause)}`,
       options,
     );
   }

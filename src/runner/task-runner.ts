@@ -31,6 +31,7 @@ import {
 } from "./registry-auth-file.js";
 import { TaskPersistError, TaskPersister } from "./task-persister.js";
 import { logExpected } from "../logging/log-fields.js";
+import { errorMessage } from "../errors/error-message.js";
 
 /** A submit reused an id with a different config. */
 export class TaskConflictError extends Error {
@@ -212,7 +213,7 @@ export class TaskRunner {
           this.ctx.storage?.markFailed(storageCause);
           throw new StorageUnavailableError(storageCause);
         }
-        throw new TaskOperationError(`failed to create task ${config.id}: ${(cause as Error).message}`, {
+        throw new TaskOperationError(`failed to create task ${config.id}: ${errorMessage(cause)}`, {
           cause,
         });
       }
@@ -314,10 +315,10 @@ export class TaskRunner {
       started = true;
     } catch (error) {
       if (error instanceof StartAbandoned || error instanceof TaskNotFoundError) {
-        log.info({ taskId: id, why: (error as Error).message }, "start abandoned");
+        log.info({ taskId: id, why: errorMessage(error) }, "start abandoned");
       } else {
         const reason = error instanceof StartStepError ? error.reason : "executor_error";
-        const message = (error as Error).message;
+        const message = errorMessage(error);
         logExpected(log, "warn", { taskId: id, reason }, error, "task failed to start");
         if (store.get(id)?.status !== "terminated") this.ctx.observer?.taskFinalized(reason);
         await this.commit(id, (d) => {
@@ -355,7 +356,7 @@ export class TaskRunner {
       try {
         ids = gpuLock.acquire(config.gpu);
       } catch (cause) {
-        throw new StartStepError("executor_error", (cause as Error).message, { cause });
+        throw new StartStepError("executor_error", errorMessage(cause), { cause });
       }
       await failpoint("after-gpu-acquire");
       // Committed at once, so a concurrent terminate or a failure releases exactly these.
@@ -384,20 +385,16 @@ export class TaskRunner {
         (index) => failpoint(`after-volume-mount:${index + 1}`) ?? Promise.resolve(),
       );
     } catch (cause) {
-      throw new StartStepError("executor_error", `prepareVolumes error: ${(cause as Error).message}`, {
+      throw new StartStepError("executor_error", `prepareVolumes error: ${errorMessage(cause)}`, {
         cause,
       });
     }
     try {
       await volumes.prepareInstanceMounts(config.instance_mounts);
     } catch (cause) {
-      throw new StartStepError(
-        "executor_error",
-        `prepareInstanceMountPoints error: ${(cause as Error).message}`,
-        {
-          cause,
-        },
-      );
+      throw new StartStepError("executor_error", `prepareInstanceMountPoints error: ${errorMessage(cause)}`, {
+        cause,
+      });
     }
   }
 
@@ -421,7 +418,7 @@ export class TaskRunner {
           serveraddress: registryServerAddress(ref),
         };
     } catch (cause) {
-      throw new StartStepError("creating_container_error", `pullImage error: ${(cause as Error).message}`, {
+      throw new StartStepError("creating_container_error", `pullImage error: ${errorMessage(cause)}`, {
         cause,
       });
     }
@@ -468,7 +465,7 @@ export class TaskRunner {
         : "";
       throw new StartStepError(
         "creating_container_error",
-        `pullImage error: failed pulling ${pullRef}${detail}: ${(cause as Error).message}`,
+        `pullImage error: failed pulling ${pullRef}${detail}: ${errorMessage(cause)}`,
         { cause },
       );
     } finally {
@@ -534,7 +531,7 @@ export class TaskRunner {
           if (containerId === "") {
             throw new StartStepError(
               "creating_container_error",
-              `createContainer error: ${(cause as Error).message}`,
+              `createContainer error: ${errorMessage(cause)}`,
               {
                 cause,
               },
@@ -551,7 +548,7 @@ export class TaskRunner {
         const logs = await docker.containerLogTail(containerId, LAST_LOG_LINES).catch(() => []);
         throw new StartStepError(
           "container_exited_with_error",
-          logs.length > 0 ? logs.join("\n") : `startContainer error: ${(cause as Error).message}`,
+          logs.length > 0 ? logs.join("\n") : `startContainer error: ${errorMessage(cause)}`,
           { cause },
         );
       }
@@ -642,13 +639,11 @@ export class TaskRunner {
     store.modify(id, (d) => (d.cleanedUp = true));
     const problems: string[] = [];
     await deleteRegistryAuth(task.taskDir);
-    await volumes
-      .unmountVolumes(task.config.volumes)
-      .catch((e: unknown) => problems.push((e as Error).message));
+    await volumes.unmountVolumes(task.config.volumes).catch((e: unknown) => problems.push(errorMessage(e)));
     await failpoint("mid-release:volumes");
     if (task.config.host_ssh_keys.length > 0 && task.config.host_ssh_user !== "") {
       await this.reconcileHostKeys([task.config.host_ssh_user]).catch((e: unknown) =>
-        problems.push((e as Error).message),
+        problems.push(errorMessage(e)),
       );
     }
     await failpoint("mid-release:keys");
@@ -698,7 +693,7 @@ export class TaskRunner {
         try {
           await docker.stopContainer(task.containerId, timeoutSeconds);
         } catch (cause) {
-          throw new TaskOperationError(`failed to stop container: ${(cause as Error).message}`, { cause });
+          throw new TaskOperationError(`failed to stop container: ${errorMessage(cause)}`, { cause });
         }
         await failpoint("after-stop-before-persist");
         const details = await docker.inspectContainer(task.containerId).catch(() => undefined);
@@ -734,7 +729,7 @@ export class TaskRunner {
         const target = task.containerId || (await this.ownContainerIdByName(task));
         if (target !== "") await docker.removeContainer(target);
       } catch (cause) {
-        throw new TaskOperationError(`failed to remove container task=${id}: ${(cause as Error).message}`, {
+        throw new TaskOperationError(`failed to remove container task=${id}: ${errorMessage(cause)}`, {
           cause,
         });
       }
