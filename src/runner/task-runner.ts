@@ -58,6 +58,24 @@ class StartStepError extends Error {
   }
 }
 
+/**
+ * Runs one step of a start. Its failure terminates the task with `reason` and the message
+ * `<what> error: <the cause's message>` (dstack-shim's wording), or the cause's message alone
+ * when `what` is undefined.
+ */
+async function startStep<T>(
+  reason: TerminationReason,
+  what: string | undefined,
+  run: () => T | Promise<T>,
+): Promise<T> {
+  try {
+    return await run();
+  } catch (cause) {
+    const message = what === undefined ? errorMessage(cause) : `${what} error: ${errorMessage(cause)}`;
+    throw new StartStepError(reason, message, { cause });
+  }
+}
+
 /** The start was overtaken by a terminate or remove; not an error of the task. */
 class StartAbandoned extends Error {
   override readonly name = "StartAbandoned";
@@ -352,12 +370,7 @@ export class TaskRunner {
     const task = this.ctx.store.mustGet(id);
     const config = task.config;
     if (config.gpu !== 0 && task.gpuIds.length === 0) {
-      let ids: string[];
-      try {
-        ids = gpuLock.acquire(config.gpu);
-      } catch (cause) {
-        throw new StartStepError("executor_error", errorMessage(cause), { cause });
-      }
+      const ids = await startStep("executor_error", undefined, () => gpuLock.acquire(config.gpu));
       await failpoint("after-gpu-acquire");
       // Committed at once, so a concurrent terminate or a failure releases exactly these.
       try {
@@ -379,49 +392,23 @@ export class TaskRunner {
       }
       await failpoint("after-keys-write");
     }
-    try {
-      await volumes.prepareVolumes(
+    await startStep("executor_error", "prepareVolumes", () =>
+      volumes.prepareVolumes(
         config.volumes,
         (index) => failpoint(`after-volume-mount:${index + 1}`) ?? Promise.resolve(),
-      );
-    } catch (cause) {
-      throw new StartStepError("executor_error", `prepareVolumes error: ${errorMessage(cause)}`, {
-        cause,
-      });
-    }
-    try {
-      await volumes.prepareInstanceMounts(config.instance_mounts);
-    } catch (cause) {
-      throw new StartStepError("executor_error", `prepareInstanceMountPoints error: ${errorMessage(cause)}`, {
-        cause,
-      });
-    }
+      ),
+    );
+    await startStep("executor_error", "prepareInstanceMountPoints", () =>
+      volumes.prepareInstanceMounts(config.instance_mounts),
+    );
   }
 
   private async pull(id: string): Promise<void> {
     const { docker, store, log } = this.ctx;
     const task = store.mustGet(id);
-    let pullRef: string;
-    let auth: PullAuth | undefined;
-    try {
-      const ref = parseImageReference(task.config.image_name);
-      pullRef = formatPullReference(ref);
-      if (!isLatestOrUntagged(ref) && (await this.imagePresent(pullRef))) {
-        log.debug({ taskId: id, image: pullRef }, "image present, pull skipped");
-        return;
-      }
-      const creds = await readRegistryAuth(task.taskDir);
-      if (creds)
-        auth = {
-          username: creds.username,
-          password: creds.password,
-          serveraddress: registryServerAddress(ref),
-        };
-    } catch (cause) {
-      throw new StartStepError("creating_container_error", `pullImage error: ${errorMessage(cause)}`, {
-        cause,
-      });
-    }
+    const request = await startStep("creating_container_error", "pullImage", () => this.pullRequest(task));
+    if (request === undefined) return;
+    const { pullRef, auth } = request;
 
     const controller = new AbortController();
     this.pulls.set(id, controller);
@@ -474,6 +461,28 @@ export class TaskRunner {
       this.pulls.delete(id);
       await new Promise<void>((resolve) => pullLog.end(resolve));
     }
+  }
+
+  /**
+   * What to pull for a task: its reference and the stored registry credentials, or `undefined`
+   * when a pinned image (not `latest` or untagged) is already present.
+   */
+  private async pullRequest(
+    task: Task,
+  ): Promise<{ pullRef: string; auth: PullAuth | undefined } | undefined> {
+    const ref = parseImageReference(task.config.image_name);
+    const pullRef = formatPullReference(ref);
+    if (!isLatestOrUntagged(ref) && (await this.imagePresent(pullRef))) {
+      this.ctx.log.debug({ taskId: task.id, image: pullRef }, "image present, pull skipped");
+      return undefined;
+    }
+    const creds = await readRegistryAuth(task.taskDir);
+    const auth = creds && {
+      username: creds.username,
+      password: creds.password,
+      serveraddress: registryServerAddress(ref),
+    };
+    return { pullRef, auth };
   }
 
   /**
