@@ -211,7 +211,7 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
       log: (msg, fields) => log.warn(fields ?? {}, msg),
     });
     const params = containerParamsOf(config);
-    // Bound below, once the runner exists: what a degraded home could not take is written when
+    // Bound below, once the TaskRunner exists: what a degraded home could not take is written when
     // the probe finds it writable again.
     let catchUp: () => Promise<boolean> = () => Promise.resolve(true);
     const storage = new StorageHealth(join(config.home, "runners"), {

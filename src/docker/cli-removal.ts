@@ -46,7 +46,7 @@ export function describeTarget(target: CliTarget): string {
  * The ssh argv prefix for a target: never a password prompt (BatchMode), a bounded connect,
  * keepalives that notice a dead connection within ~10 s. Host keys are checked as the user's ssh
  * config says; `options` come first, so they override all of this. None of this bounds a live connection to a wedged
- * daemon: the bounded runner does.
+ * daemon: `BoundedCommandRunner` does.
  */
 function sshArgv(target: SshTarget): string[] {
   return [
@@ -106,7 +106,7 @@ function errorReason(target: CliTarget, error: unknown): RemovalUnconfirmedReaso
  */
 export class CliRemovalChannel implements RemovalChannel {
   constructor(
-    private readonly runner: CommandRunner,
+    private readonly commands: CommandRunner,
     private readonly target: CliTarget = { kind: "local" },
   ) {}
 
@@ -142,7 +142,7 @@ export class CliRemovalChannel implements RemovalChannel {
 
   /** Runs `docker args…` on the target under the removal's bound. */
   run(args: readonly string[], bound: OperationBound): Promise<BoundedOutcome> {
-    return this.runner.run({ argv: dockerArgv(this.target, args), bound, interruptible: false });
+    return this.commands.run({ argv: dockerArgv(this.target, args), bound, interruptible: false });
   }
 }
 
@@ -151,10 +151,10 @@ export class CliRemovalChannel implements RemovalChannel {
  * 30 s deadline (see {@link confirmRemoval}); throws `RemovalUnconfirmedError` otherwise.
  */
 export function removeContainerViaCli(
-  runner: CommandRunner,
+  commands: CommandRunner,
   container: string,
   target: CliTarget = { kind: "local" },
   bound: OperationBound = OperationBound.within(REMOVAL_TIMEOUT_MS),
 ): Promise<RemovalConfirmed> {
-  return confirmRemoval(new CliRemovalChannel(runner, target), container, bound);
+  return confirmRemoval(new CliRemovalChannel(commands, target), container, bound);
 }

@@ -90,7 +90,7 @@ export interface CommandRunner {
   run(request: CommandRequest): Promise<BoundedOutcome>;
 }
 
-/** How a runner starts a child: `child_process.spawn`, or a test's wrapper around it. */
+/** How a `BoundedCommandRunner` starts a child: `child_process.spawn`, or a test's wrapper around it. */
 export type SpawnFn = (
   program: string,
   args: readonly string[],
@@ -465,8 +465,8 @@ function describeFailure(argv: readonly string[], outcome: BoundedOutcome): stri
 }
 
 /** Runs a command and returns its stdout, or throws `CommandFailedError` unless it exited 0. */
-export async function runChecked(runner: CommandRunner, request: CommandRequest): Promise<string> {
-  const outcome = await runner.run(request);
+export async function runChecked(commands: CommandRunner, request: CommandRequest): Promise<string> {
+  const outcome = await commands.run(request);
   if (outcome.kind === "exited" && outcome.code === 0) return outcome.stdout.toString("utf8");
   throw new CommandFailedError(request.argv, outcome);
 }

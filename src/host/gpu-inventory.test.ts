@@ -16,7 +16,7 @@ import {
   parseNvidiaSmiCsv,
 } from "./gpu-inventory.js";
 
-class FakeRunner implements CommandRunner {
+class FakeCommands implements CommandRunner {
   readonly calls: CommandRequest[] = [];
   constructor(private readonly script: (argv: readonly string[]) => BoundedOutcome | Error) {}
   run(request: CommandRequest): Promise<BoundedOutcome> {
@@ -130,30 +130,30 @@ describe("parseAmdSmiStatic", () => {
 });
 
 describe("detectGpus on a host", () => {
-  const expectBounded = (runner: FakeRunner) => {
-    for (const call of runner.calls) expect(call.bound?.remainingMs()).toBeGreaterThan(0);
+  const expectBounded = (commands: FakeCommands) => {
+    for (const call of commands.calls) expect(call.bound?.remainingMs()).toBeGreaterThan(0);
   };
 
   it("uses nvidia-smi when it reports GPUs, under a deadline", async () => {
-    const runner = new FakeRunner(() => exited(0, NVIDIA_SMI));
-    const inventory = await detectGpus(runner);
+    const commands = new FakeCommands(() => exited(0, NVIDIA_SMI));
+    const inventory = await detectGpus(commands);
     expect(inventory.vendor).toBe("nvidia");
     expect(inventory.gpus.map((gpu) => gpu.index)).toEqual([0, 1]);
-    expect(runner.argvs()).toEqual([
+    expect(commands.argvs()).toEqual([
       "nvidia-smi --query-gpu=uuid,name,memory.total,driver_version,index --format=csv,noheader,nounits",
     ]);
-    expectBounded(runner);
+    expectBounded(commands);
   });
 
   it("falls back to amd-smi and resolves render nodes by BDF", async () => {
-    const runner = new FakeRunner((argv) =>
+    const commands = new FakeCommands((argv) =>
       argv[0] === "nvidia-smi" ? missing() : exited(0, AMD_SMI_ROCM6),
     );
     const nodes: Record<string, string> = {
       "0000:0c:00.0": "/dev/dri/renderD128",
       "0000:22:00.0": "/dev/dri/renderD136",
     };
-    const inventory = await detectGpus(runner, {
+    const inventory = await detectGpus(commands, {
       resolveRenderNode: (bdf) => Promise.resolve(nodes[bdf] ?? "/nowhere"),
     });
     expect(inventory).toEqual({
@@ -177,23 +177,23 @@ describe("detectGpus on a host", () => {
         },
       ],
     });
-    expect(runner.argvs()[1]).toBe("amd-smi static --json --asic --vram --bus --driver");
-    expectBounded(runner);
+    expect(commands.argvs()[1]).toBe("amd-smi static --json --asic --vram --bus --driver");
+    expectBounded(commands);
   });
 
   it("retries amd-smi without --driver when it exits non-zero, and skips unresolvable GPUs", async () => {
-    const runner = new FakeRunner((argv) => {
+    const commands = new FakeCommands((argv) => {
       if (argv[0] === "nvidia-smi") return missing();
       return argv.includes("--driver") ? exited(2, "", "unrecognized --driver") : exited(0, AMD_SMI_ROCM6);
     });
     const logged: string[] = [];
-    const inventory = await detectGpus(runner, {
+    const inventory = await detectGpus(commands, {
       resolveRenderNode: (bdf) =>
         bdf === "0000:0c:00.0" ? Promise.resolve("/dev/dri/renderD128") : Promise.reject(new Error("ENOENT")),
       log: (msg) => logged.push(msg),
     });
     expect(inventory.gpus.map((gpu) => gpu.id)).toEqual(["/dev/dri/renderD128"]);
-    expect(runner.argvs().slice(1)).toEqual([
+    expect(commands.argvs().slice(1)).toEqual([
       "amd-smi static --json --asic --vram --bus --driver",
       "amd-smi static --json --asic --vram --bus",
     ]);
@@ -201,25 +201,25 @@ describe("detectGpus on a host", () => {
   });
 
   it("reports vendor none when neither tool is installed", async () => {
-    const runner = new FakeRunner(() => missing());
-    await expect(detectGpus(runner)).resolves.toEqual({ vendor: "none", gpus: [] });
+    const commands = new FakeCommands(() => missing());
+    await expect(detectGpus(commands)).resolves.toEqual({ vendor: "none", gpus: [] });
   });
 
   it("reports vendor none when nvidia-smi lists no GPU and amd-smi is missing", async () => {
-    const runner = new FakeRunner((argv) => (argv[0] === "nvidia-smi" ? exited(0, "") : missing()));
-    await expect(detectGpus(runner)).resolves.toEqual({ vendor: "none", gpus: [] });
+    const commands = new FakeCommands((argv) => (argv[0] === "nvidia-smi" ? exited(0, "") : missing()));
+    await expect(detectGpus(commands)).resolves.toEqual({ vendor: "none", gpus: [] });
   });
 
   it("logs a failing or wedged tool and carries on without its GPUs", async () => {
     const logged: string[] = [];
     const log = (msg: string, fields?: object) => logged.push(`${msg} ${JSON.stringify(fields)}`);
-    const failing = new FakeRunner((argv) =>
+    const failing = new FakeCommands((argv) =>
       argv[0] === "nvidia-smi" ? exited(9, "", "couldn't communicate with the NVIDIA driver") : missing(),
     );
     await expect(detectGpus(failing, { log })).resolves.toEqual({ vendor: "none", gpus: [] });
     expect(logged).toEqual([expect.stringMatching(/nvidia-smi failed.*NVIDIA driver/)]);
 
-    const wedgedNvidia = new FakeRunner((argv) =>
+    const wedgedNvidia = new FakeCommands((argv) =>
       argv[0] === "nvidia-smi" ? expired : exited(0, AMD_SMI_ROCM6),
     );
     const amd = await detectGpus(wedgedNvidia, {
@@ -229,12 +229,12 @@ describe("detectGpus on a host", () => {
     expect(amd.vendor).toBe("amd");
 
     logged.length = 0;
-    const wedgedAmd = new FakeRunner((argv) => (argv[0] === "nvidia-smi" ? missing() : expired));
+    const wedgedAmd = new FakeCommands((argv) => (argv[0] === "nvidia-smi" ? missing() : expired));
     await expect(detectGpus(wedgedAmd, { log })).resolves.toEqual({ vendor: "none", gpus: [] });
     expect(logged).toEqual([expect.stringMatching(/amd-smi failed.*deadline exceeded/)]);
     expect(wedgedAmd.calls).toHaveLength(2);
 
-    const garbled = new FakeRunner(() => exited(0, "garbage"));
+    const garbled = new FakeCommands(() => exited(0, "garbage"));
     await expect(detectGpus(garbled)).resolves.toEqual({ vendor: "none", gpus: [] });
   });
 });
@@ -252,7 +252,7 @@ describe("detectGpus with a fixture", () => {
     await writeFile(path, typeof content === "string" ? content : JSON.stringify(content));
     return path;
   };
-  const neverRun = new FakeRunner(() => new Error("the fixture must not run commands"));
+  const neverRun = new FakeCommands(() => new Error("the fixture must not run commands"));
 
   it("describes AMD GPUs whose nodes map to host device nodes", async () => {
     const path = await fixture({

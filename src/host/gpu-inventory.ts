@@ -161,14 +161,14 @@ function checkFixture<T extends Type.TSchema>(path: string, schema: T, raw: unkn
  * @throws GpuFixtureError for a bad fixture (a test setup error, so it fails loudly).
  */
 export async function detectGpus(
-  runner: CommandRunner,
+  commands: CommandRunner,
   options: DetectGpusOptions = {},
 ): Promise<GpuInventory> {
   if (options.fixturePath !== undefined) return loadGpuFixture(options.fixturePath);
-  const nvidia = await probe("nvidia-smi", () => detectNvidia(runner), options.log);
+  const nvidia = await probe("nvidia-smi", () => detectNvidia(commands), options.log);
   if (nvidia.length > 0) return { vendor: "nvidia", gpus: nvidia };
   const resolve = options.resolveRenderNode ?? resolveRenderNodeByPath;
-  const amd = await probe("amd-smi", () => detectAmd(runner, resolve, options.log), options.log);
+  const amd = await probe("amd-smi", () => detectAmd(commands, resolve, options.log), options.log);
   if (amd.length > 0) return { vendor: "amd", gpus: amd };
   return { vendor: "none", gpus: [] };
 }
@@ -190,8 +190,8 @@ async function probe(
   }
 }
 
-async function detectNvidia(runner: CommandRunner): Promise<GpuInfo[]> {
-  const stdout = await runChecked(runner, {
+async function detectNvidia(commands: CommandRunner): Promise<GpuInfo[]> {
+  const stdout = await runChecked(commands, {
     argv: [
       "nvidia-smi",
       "--query-gpu=uuid,name,memory.total,driver_version,index",
@@ -203,17 +203,17 @@ async function detectNvidia(runner: CommandRunner): Promise<GpuInfo[]> {
 }
 
 async function detectAmd(
-  runner: CommandRunner,
+  commands: CommandRunner,
   resolve: (bdf: string) => Promise<string>,
   log: DetectGpusOptions["log"],
 ): Promise<GpuInfo[]> {
   const bound = OperationBound.within(AMD_SMI_DEADLINE_MS);
   const argv = ["amd-smi", "static", "--json", "--asic", "--vram", "--bus"];
-  const withDriver = await runner.run({ argv: [...argv, "--driver"], bound });
+  const withDriver = await commands.run({ argv: [...argv, "--driver"], bound });
   // Older amd-smi versions reject --driver; a deadline is not retried, it would only double the wait.
   if (withDriver.kind !== "exited") throw new CommandFailedError([...argv, "--driver"], withDriver);
   const stdout =
-    withDriver.code === 0 ? withDriver.stdout.toString("utf8") : await runChecked(runner, { argv, bound });
+    withDriver.code === 0 ? withDriver.stdout.toString("utf8") : await runChecked(commands, { argv, bound });
   const gpus: GpuInfo[] = [];
   for (const gpu of parseAmdSmiStatic(stdout)) {
     let renderNode: string;
