@@ -326,7 +326,7 @@ export function buildApi(deps: ApiDeps) {
           throw new HttpError(400, `tail must be an integer from 1 to ${MAX_LOG_TAIL}`);
         }
         const lines =
-          task.containerId === ""
+          task.containerId === undefined
             ? []
             : await deps.docker.containerLogTail(task.containerId, tail).catch((cause: unknown) => {
                 throw new TaskOperationError(`failed to read logs: ${errorMessage(cause)}`, { cause });

@@ -147,7 +147,7 @@ export async function restoreTasks(ctx: RunnerContext): Promise<RestoreReport> {
       terminationMessage: stored?.state.termination_message ?? "",
       containerName: container.name,
       containerId: container.id,
-      ports: container.state === "created" ? null : (inspect?.ports ?? []),
+      ...(container.state === "created" ? {} : { ports: inspect?.ports ?? [] }),
       gpuIds: ownedGpus,
       taskDir,
       cleanedUp,

@@ -158,7 +158,7 @@ describe("TaskRunner.start", () => {
       return task;
     });
     const task = await env.submitAndStart({ command: ["true"] });
-    env.docker.exit(task.containerId, 0);
+    env.docker.exit(task.containerId!, 0);
     await env.reconciler.tick();
     expect(seen).toEqual([
       ["running", "running"],
@@ -293,7 +293,7 @@ describe("TaskRunner.start", () => {
     const task = env.ctx.store.mustGet(config.id);
     expect(task.status).toBe("terminated");
     expect(task.terminationReason).toBe("creating_container_error");
-    expect(task.containerId).toBe("");
+    expect(task.containerId).toBeUndefined();
     expect(env.docker.count("startContainer")).toBe(0);
     expect(env.docker.count("stopContainer")).toBe(0);
     expect(env.docker.mustFind(foreign.id).state).toBe("running");
@@ -310,7 +310,7 @@ describe("TaskRunner.start", () => {
     expect(task.terminationReason).toBe("container_exited_with_error");
     expect(task.terminationMessage).toBe("exec /bin/sh: no such file or directory");
     // It has a container: the reconciler cleans up.
-    expect(task.containerId).not.toBe("");
+    expect(task.containerId).toEqual(expect.any(String));
     await env.reconciler.tick();
     expect(env.ctx.store.mustGet(task.id).cleanedUp).toBe(true);
     expect(env.ctx.gpuLock.lockedIds()).toEqual([]);
@@ -414,7 +414,7 @@ describe("TaskRunner.terminate", () => {
     // One release call: a second one returning [] would not show in the released ids.
     expect(release).toHaveBeenCalledTimes(1);
     expect(releasedIds(release)).toEqual(task.gpuIds);
-    expect(env.docker.mustFind(task.containerId).state).toBe("exited");
+    expect(env.docker.mustFind(task.containerId!).state).toBe("exited");
     expect(env.docker.callsOf("stopContainer").map((call) => call.args)).toEqual([[task.containerId, 10]]);
   });
 
@@ -434,7 +434,7 @@ describe("TaskRunner.terminate", () => {
     expect(env.ctx.store.mustGet(task.id)).toMatchObject({ status: "terminated", cleanedUp: false });
     expect(readState(task.taskDir).termination_reason).toBe("terminated_by_user");
     await env.reconciler.tick();
-    expect(env.docker.mustFind(task.containerId).state).toBe("exited");
+    expect(env.docker.mustFind(task.containerId!).state).toBe("exited");
     expect(env.ctx.store.mustGet(task.id)).toMatchObject({
       cleanedUp: true,
       terminationReason: "terminated_by_user",
@@ -450,7 +450,7 @@ describe("TaskRunner.remove", () => {
     expect(error).toBeInstanceOf(TaskStateError);
     expect((error as Error).message).toBe(`cannot remove task ${task.id} with running status`);
     expect(env.ctx.store.get(task.id)?.status).toBe("running");
-    expect(env.docker.mustFind(task.containerId).state).toBe("running");
+    expect(env.docker.mustFind(task.containerId!).state).toBe("running");
     expect(env.docker.count("removeContainer")).toBe(0);
   });
 
@@ -472,7 +472,7 @@ describe("TaskRunner.remove", () => {
     expect(reacquired).toEqual(BOTH_GPUS);
     expect(env.ctx.gpuLock.lockedIds()).toEqual(BOTH_GPUS);
     expect(releasedIds(release)).toEqual(BOTH_GPUS);
-    expect(env.docker.find(task.containerId)).toBeUndefined();
+    expect(env.docker.find(task.containerId!)).toBeUndefined();
     expect(env.ctx.store.get(task.id)).toBeUndefined();
     expect(existsSync(task.taskDir)).toBe(false);
   });
@@ -644,7 +644,7 @@ describe("restoreTasks", () => {
 
   it("finalizes a container that exited while the shim was down, with its real exit code", async () => {
     const task = await env.submitAndStart({ gpu: 1 });
-    env.docker.exit(task.containerId, 42, { logs: ["Traceback", "ValueError: bad input"] });
+    env.docker.exit(task.containerId!, 42, { logs: ["Traceback", "ValueError: bad input"] });
     const next = await restart();
     await restoreTasks(next.ctx);
     expect(next.ctx.gpuLock.lockedIds()).toEqual(task.gpuIds);
@@ -659,7 +659,7 @@ describe("restoreTasks", () => {
 
   it("finalizes a running task.json whose container is gone as executor_error with exit code null", async () => {
     const task = await env.submitAndStart({ gpu: 1 });
-    env.docker.remove(task.containerId);
+    env.docker.remove(task.containerId!);
     const next = await restart();
     await restoreTasks(next.ctx);
     expect(next.ctx.store.mustGet(task.id).status).toBe("running");

@@ -356,7 +356,7 @@ export class TaskRunner {
     if (!task) return;
     await this.commit(id, (d) => (d.startInFlight = false)).catch(() => undefined);
     // With a container, the reconciler owns the rest (it may have to stop it first).
-    if (task.containerId === "" && task.status === "terminated") {
+    if (task.containerId === undefined && task.status === "terminated") {
       await this.ctx.store
         .withLock(id, () => this.release(id))
         .catch((error: unknown) => {
@@ -436,12 +436,12 @@ export class TaskRunner {
           if (now - lastUpdate >= 100) {
             lastUpdate = now;
             const progress = tracker.progress();
-            if (store.get(id)) store.modify(id, (d) => (d.pullProgress = progress));
+            if (progress && store.get(id)) store.modify(id, (d) => (d.pullProgress = progress));
           }
         },
       });
       const pulled = tracker.progress();
-      if (store.get(id)) store.modify(id, (d) => (d.pullProgress = pulled));
+      if (pulled && store.get(id)) store.modify(id, (d) => (d.pullProgress = pulled));
       if (pulled) this.ctx.observer?.pulledBytes(pulled.downloaded_bytes);
       log.info({ taskId: id, image: pullRef }, "image pulled");
     } catch (cause) {
@@ -510,7 +510,7 @@ export class TaskRunner {
       if (task.status === "terminated") throw new StartAbandoned("task terminated");
       // A task that never recorded a container is not looked up first: if a start cut by a
       // restart did create one, the create below answers 409 and that container is adopted.
-      const existing = task.containerId !== "" ? await this.findOwnContainer(task) : undefined;
+      const existing = task.containerId !== undefined ? await this.findOwnContainer(task) : undefined;
       let containerId = existing?.id ?? "";
       // Only a container that never ran is started: one that runs or ran already (its start
       // request landed after a restart) is adopted as it is, and the reconciler takes it from there.
@@ -562,7 +562,7 @@ export class TaskRunner {
         );
       }
       await failpoint("after-start-before-persist");
-      let ports: Task["ports"] = [];
+      let ports: NonNullable<Task["ports"]> = [];
       if (task.config.network_mode === "bridge") {
         ports = (await docker.inspectContainer(containerId).catch(() => undefined))?.ports ?? [];
       }
@@ -580,7 +580,7 @@ export class TaskRunner {
 
   /** A container of this task that already exists (by name, with our task label). */
   private async findOwnContainer(task: Task): Promise<{ id: string; state: ContainerState } | undefined> {
-    const candidate = await this.ctx.docker.inspectContainer(task.containerId || task.containerName);
+    const candidate = await this.ctx.docker.inspectContainer(task.containerId ?? task.containerName);
     if (!candidate) return undefined;
     if (candidate.taskId !== task.id) {
       throw new StartStepError(
@@ -698,7 +698,7 @@ export class TaskRunner {
       this.pulls.get(id)?.abort(new Error(`terminated: ${reason}`));
       // A repeated terminate of a stopped container (exit code known) has nothing to stop.
       const alreadyStopped = before.status === "terminated" && before.exitCode !== undefined;
-      if (task.containerId !== "" && !alreadyStopped) {
+      if (task.containerId !== undefined && !alreadyStopped) {
         try {
           await docker.stopContainer(task.containerId, timeoutSeconds);
         } catch (cause) {
@@ -735,7 +735,7 @@ export class TaskRunner {
       // follow would answer 200 and bring the task back at the next start.
       await this.commitDurably(id, () => undefined);
       try {
-        const target = task.containerId || (await this.ownContainerIdByName(task));
+        const target = task.containerId ?? (await this.ownContainerIdByName(task));
         if (target !== "") await docker.removeContainer(target);
       } catch (cause) {
         throw new TaskOperationError(`failed to remove container task=${id}: ${errorMessage(cause)}`, {
