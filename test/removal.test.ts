@@ -16,8 +16,8 @@ import { startSilentHost, type SilentHost } from "./support/silent-host.js";
 
 let images: TestImages;
 
-/** The real runner, recording which docker subcommands ran: which branch of the removal was taken. */
-class RecordingRunner implements CommandRunner {
+/** The real BoundedCommandRunner, recording which docker subcommands ran: which branch of the removal was taken. */
+class RecordingCommands implements CommandRunner {
   readonly steps: string[] = [];
   private readonly inner = new BoundedCommandRunner();
   run(request: CommandRequest): Promise<BoundedOutcome> {
@@ -98,12 +98,12 @@ beforeAll(async () => {
 describe("confirmed container removal on the real engine", () => {
   it("CLI: a removal already in progress is polled until gone, and confirmed already absent", async () => {
     await expectInProgressBranch(async (id) => {
-      const runner = new RecordingRunner();
-      const result = await removeContainerViaCli(runner, id);
+      const commands = new RecordingCommands();
+      const result = await removeContainerViaCli(commands, id);
       // Polled: rm answered "already in progress", then only inspects until "No such container".
-      const polled = runner.steps.length > 1;
-      expect(runner.steps[0]).toBe("rm");
-      expect(runner.steps.slice(1).every((step) => step === "inspect")).toBe(true);
+      const polled = commands.steps.length > 1;
+      expect(commands.steps[0]).toBe("rm");
+      expect(commands.steps.slice(1).every((step) => step === "inspect")).toBe(true);
       return { result, polled };
     });
   });
@@ -131,9 +131,9 @@ describe("confirmed container removal on the real engine", () => {
       Labels: { [TEST_LABEL]: "1" },
     });
     await container.start();
-    const runner = new RecordingRunner();
-    expect(await removeContainerViaCli(runner, container.id)).toBe("removed");
-    expect(runner.steps).toEqual(["rm"]);
+    const commands = new RecordingCommands();
+    expect(await removeContainerViaCli(commands, container.id)).toBe("removed");
+    expect(commands.steps).toEqual(["rm"]);
     await expectGone(container.id);
     // The Engine API says "No such container" for it: confirmed, already absent.
     expect(await DockerodeClient.fromEnv().removeContainer(container.id)).toBe("already-absent");

@@ -410,7 +410,7 @@ const taskLine = (t: Task | undefined): string =>
         t.exitCode,
         t.cleanedUp,
         t.gpuIds,
-        t.containerId.slice(-6),
+        (t.containerId ?? "").slice(-6),
         t.config.name,
       ]);
 
@@ -501,7 +501,7 @@ async function seed(): Promise<void> {
     expect(res.statusCode, res.body).toBe(200);
   }
   await env.runner.awaitStarts();
-  env.docker.exit(env.ctx.store.mustGet("seed-exited").containerId, 3);
+  env.docker.exit(env.ctx.store.mustGet("seed-exited").containerId!, 3);
   await env.reconciler.tick();
   const res = await app.inject({ method: "POST", url: "/api/tasks/seed-terminated/terminate", payload: {} });
   expect(res.statusCode, res.body).toBe(200);
@@ -575,9 +575,12 @@ describe("hostile input", () => {
       fc.asyncProperty(step, async (s) => {
         if (s.kind === "exit") {
           // The workload ends on its own; the reconciler finalizes it.
-          const running = env.ctx.store.list().filter((t) => t.status === "running" && t.containerId !== "");
+          const running = env.ctx.store
+            .list()
+            .filter((t) => t.status === "running" && t.containerId !== undefined);
           const task = running[s.pick % Math.max(1, running.length)];
-          if (task && env.docker.find(task.containerId)) env.docker.exit(task.containerId, s.code);
+          if (task?.containerId && env.docker.find(task.containerId))
+            env.docker.exit(task.containerId, s.code);
           await env.reconciler.tick();
           return;
         }

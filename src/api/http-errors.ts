@@ -1,3 +1,4 @@
+import { errorMessage } from "../errors/error-message.js";
 /**
  * An error with an HTTP status whose message is safe to send as the plain-text body
  * (dstack-shim's `api.Error`).
@@ -33,7 +34,7 @@ export function decodeJsonBody(contentType: string | undefined, raw: Buffer | un
   try {
     return JSON.parse(text) as unknown;
   } catch (cause) {
-    const position = /position (\d+)/.exec((cause as Error).message)?.[1];
+    const position = /position (\d+)/.exec(errorMessage(cause))?.[1];
     throw new HttpError(
       400,
       position === undefined

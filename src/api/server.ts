@@ -37,6 +37,7 @@ import {
   TerminateBody,
 } from "./schemas.js";
 import { taskEvent, taskInfo, taskInfoJson } from "./wire.js";
+import { errorMessage } from "../errors/error-message.js";
 
 /** What the HTTP edge needs from the rest of the shim. */
 export interface ApiDeps {
@@ -325,10 +326,10 @@ export function buildApi(deps: ApiDeps) {
           throw new HttpError(400, `tail must be an integer from 1 to ${MAX_LOG_TAIL}`);
         }
         const lines =
-          task.containerId === ""
+          task.containerId === undefined
             ? []
             : await deps.docker.containerLogTail(task.containerId, tail).catch((cause: unknown) => {
-                throw new TaskOperationError(`failed to read logs: ${(cause as Error).message}`, { cause });
+                throw new TaskOperationError(`failed to read logs: ${errorMessage(cause)}`, { cause });
               });
         return reply
           .header("content-type", "text/plain; charset=utf-8")

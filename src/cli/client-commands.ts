@@ -34,6 +34,7 @@ import {
   parseQuarantined,
   type ShimStatusReport,
 } from "./task-views.js";
+import { errorMessage } from "../errors/error-message.js";
 
 /** Where the client commands look for a shim unless told otherwise (dstack-shim's default port). */
 export const DEFAULT_SHIM_URL = "http://127.0.0.1:10998";
@@ -73,7 +74,7 @@ async function connect(options: ConnectOptions): Promise<ShimClient> {
     try {
       authToken = (await readFile(options.authTokenFile, "utf8")).trim();
     } catch (error) {
-      throw new CliError(`cannot read --auth-token-file: ${(error as Error).message}`);
+      throw new CliError(`cannot read --auth-token-file: ${errorMessage(error)}`);
     }
     if (authToken === "") throw new CliError(`--auth-token-file ${options.authTokenFile} is empty`);
   }
@@ -105,7 +106,7 @@ export function describeClientError(error: unknown, shim: string): string {
   }
   if (error instanceof ShimProtocolError)
     return `unexpected answer from the shim at ${shim}: ${error.message}`;
-  return error instanceof Error ? error.message : String(error);
+  return errorMessage(error);
 }
 
 /** Runs a command body, turning every failure into one `CliError` line. */
@@ -254,13 +255,13 @@ async function readConfigFile(path: string): Promise<Record<string, unknown>> {
   try {
     text = path === "-" ? await readStream(process.stdin) : await readFile(path, "utf8");
   } catch (error) {
-    throw new CliError(`cannot read --file ${path}: ${(error as Error).message}`);
+    throw new CliError(`cannot read --file ${path}: ${errorMessage(error)}`);
   }
   let value: unknown;
   try {
     value = JSON.parse(text);
   } catch (error) {
-    throw new CliError(`--file ${path} is not valid JSON: ${(error as Error).message}`);
+    throw new CliError(`--file ${path} is not valid JSON: ${errorMessage(error)}`);
   }
   if (typeof value !== "object" || value === null || Array.isArray(value)) {
     throw new CliError(`--file ${path} must hold a JSON object (the POST /api/tasks body)`);

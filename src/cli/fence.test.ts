@@ -82,8 +82,8 @@ describe("fence command line", () => {
   });
 });
 
-/** A runner that answers `docker container ls` with a listing and every other call with `rm`'s answer. */
-class HostRunner implements CommandRunner {
+/** A CommandRunner that answers `docker container ls` with a listing and every other call with `rm`'s answer. */
+class HostCommands implements CommandRunner {
   readonly calls: string[][] = [];
   constructor(
     private readonly listing: string,
@@ -116,16 +116,16 @@ describe("fence over the docker CLI", () => {
   const listing = "id1\tjob-a-1\ttask-a\nid2\tjob-b-2\ttask-b\n";
 
   it("lists by the task label only, removes by id, and reports each container", async () => {
-    const runner = new HostRunner(listing, (argv) =>
+    const commands = new HostCommands(listing, (argv) =>
       argv.includes("id2") ? exited(1, "Error response from daemon: driver failed") : exited(0),
     );
-    const report = await fence(runner, {
+    const report = await fence(commands, {
       cli: { kind: "local" },
       selection: { kind: "all" },
       deadlineMs: 5_000,
       labels: ["owner=me"],
     });
-    expect(runner.calls[0]).toEqual([
+    expect(commands.calls[0]).toEqual([
       "docker",
       "container",
       "ls",
@@ -138,7 +138,7 @@ describe("fence over the docker CLI", () => {
       "--format",
       '{{.ID}}\t{{.Names}}\t{{.Label "ai.dstack.shim.task-id"}}',
     ]);
-    expect(runner.calls.slice(1).map((argv) => argv.at(-1))).toEqual(["id1", "id2"]);
+    expect(commands.calls.slice(1).map((argv) => argv.at(-1))).toEqual(["id1", "id2"]);
     expect(report.via).toBe("local");
     expect(report.confirmed).toBe(false);
     expect(report.results).toEqual([
@@ -169,23 +169,23 @@ describe("fence over the docker CLI", () => {
   });
 
   it("touches only the selected tasks' containers", async () => {
-    const runner = new HostRunner(listing, () => exited(0));
-    const report = await fence(runner, {
+    const commands = new HostCommands(listing, () => exited(0));
+    const report = await fence(commands, {
       cli: { kind: "local" },
       selection: { kind: "tasks", ids: ["task-b"] },
       deadlineMs: 5_000,
     });
-    expect(runner.calls.slice(1).map((argv) => argv.at(-1))).toEqual(["id2"]);
+    expect(commands.calls.slice(1).map((argv) => argv.at(-1))).toEqual(["id2"]);
     expect(report.confirmed).toBe(true);
     expect(report.results.map((r) => [r.container, r.outcome])).toEqual([["job-b-2", "removed"]]);
   });
 
   it("confirms nothing when the host cannot be listed", async () => {
-    const runner: CommandRunner = {
+    const commands: CommandRunner = {
       run: () =>
         Promise.resolve(exited(255, "Warning: banner\nssh: connect to host h port 22: Connection refused")),
     };
-    const report = await fence(runner, {
+    const report = await fence(commands, {
       cli: { kind: "ssh", host: "h" },
       selection: { kind: "all" },
       deadlineMs: 5_000,

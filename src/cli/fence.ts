@@ -4,6 +4,7 @@ import { FENCE_DEFAULT_DEADLINE_MS, fence, type FenceReport, type FenceRequest }
 import type { CliTarget, SshTarget } from "../docker/cli-removal.js";
 import { BoundedCommandRunner } from "../exec/run-bounded.js";
 import { cell, formatTable } from "./table.js";
+import { errorMessage } from "../errors/error-message.js";
 
 const DEFAULT_DEADLINE = `${FENCE_DEFAULT_DEADLINE_MS / 1_000}s`;
 
@@ -193,7 +194,7 @@ async function readToken(path: string): Promise<string> {
   try {
     token = (await readFile(path, "utf8")).trim();
   } catch (error) {
-    throw new FenceUsageError(`cannot read --auth-token-file: ${(error as Error).message}`);
+    throw new FenceUsageError(`cannot read --auth-token-file: ${errorMessage(error)}`);
   }
   if (token === "") throw new FenceUsageError(`--auth-token-file ${path} is empty`);
   return token;

@@ -4,6 +4,7 @@ import { createServer, type Server } from "node:net";
 import { isSea } from "node:sea";
 import { Command } from "@commander-js/extra-typings";
 import { resolveShimConfig, SERVE_SETTINGS } from "../config/shim-config.js";
+import { errorMessage } from "../errors/error-message.js";
 
 /** Set by the outer `taskshim supervise` for the inner one: its fd 3 is the API's listening socket. */
 export const HELD_SOCKET_ENV = "TASKSHIM_SUPERVISE_HELD_SOCKET";
@@ -60,7 +61,7 @@ export async function holdApiSocket(
       server.listen({ host, port, backlog: 1024 }, resolve);
     });
   } catch (error) {
-    return { kind: "none", why: (error as Error).message };
+    return { kind: "none", why: errorMessage(error) };
   }
   const handle = (server as unknown as { _handle?: { fd?: number } })._handle;
   if (typeof handle?.fd !== "number" || handle.fd < 0) {

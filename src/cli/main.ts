@@ -9,6 +9,7 @@ import { holdApiSocket } from "./held-socket.js";
 import { durationFlag } from "./durations.js";
 import { EXIT_CONFIG, supervise } from "./supervise.js";
 import { addVersionCommand } from "./version-command.js";
+import { errorMessage } from "../errors/error-message.js";
 
 /** The path of this shim's own executable: the SEA binary, or the bundle run by node. */
 function ownBinaryPath(): string {
@@ -161,7 +162,9 @@ export function describeFailure(
     };
   }
   // One line, whatever the error carries: scripts read stderr line by line.
-  const message = (error instanceof Error ? error.message : String(error)).trim().replace(/\s*\n\s*/g, " ");
+  const message = errorMessage(error)
+    .trim()
+    .replace(/\s*\n\s*/g, " ");
   if (error instanceof ConfigError)
     return { line: `taskshim: configuration error: ${message}`, code: EXIT_CONFIG };
   return { line: `taskshim: ${message}`, code: 1 };

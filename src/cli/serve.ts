@@ -30,6 +30,7 @@ import { TaskDirs } from "../state/task-dirs.js";
 import { TaskStore } from "../tasks/task-store.js";
 import { VERSION } from "../version.js";
 import { listenTarget, type ListenTarget } from "./listen-target.js";
+import { errorMessage } from "../errors/error-message.js";
 
 /** Startup could not complete; the message is one line for the operator. */
 export class StartupError extends Error {
@@ -99,7 +100,7 @@ async function readAuthToken(file: string): Promise<string | undefined> {
     token = (await readFile(file, "utf8")).trim();
   } catch (error) {
     if (error instanceof ConfigError) throw error;
-    throw new ConfigError(`cannot read the auth token file ${file}: ${(error as Error).message}`, {
+    throw new ConfigError(`cannot read the auth token file ${file}: ${errorMessage(error)}`, {
       cause: error,
     });
   }
@@ -135,7 +136,7 @@ function listenError(error: unknown, host: string, port: number): StartupError {
       ? `port ${port} on ${host} is already in use (choose another with --shim-http-port)`
       : code === "EADDRNOTAVAIL"
         ? `cannot listen on ${host}:${port}: the address is not on this host (see --shim-http-address)`
-        : `cannot listen on ${host}:${port}: ${(error as Error).message}`,
+        : `cannot listen on ${host}:${port}: ${errorMessage(error)}`,
     { cause: error },
   );
 }
@@ -164,14 +165,14 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
   try {
     target = listenTarget({ host: config.httpAddress, port: config.httpPort }, process.env, process.pid);
   } catch (error) {
-    throw new StartupError((error as Error).message, { cause: error });
+    throw new StartupError(errorMessage(error), { cause: error });
   }
   if (target.kind === "address") await probeListen(target.host, target.port);
   let lock: HomeLock;
   try {
     lock = await acquireHomeLock(config.home);
   } catch (error) {
-    throw new StartupError((error as Error).message, { cause: error });
+    throw new StartupError(errorMessage(error), { cause: error });
   }
   // A log file made by an earlier version (0644) is narrowed too.
   await chmod(join(config.home, "shim.log"), 0o600).catch(() => undefined);
@@ -180,7 +181,7 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
     armFailpoints(config.testing.failpoints);
   } catch (error) {
     await lock.release();
-    throw new StartupError((error as Error).message, { cause: error });
+    throw new StartupError(errorMessage(error), { cause: error });
   }
   if (config.testing.failpoints) log.warn({ failpoints: config.testing.failpoints }, "failpoints armed");
   const shutdownController = new AbortController();
@@ -200,7 +201,7 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
       await docker.ping();
     } catch (error) {
       throw new StartupError(
-        `docker engine unreachable (${process.env.DOCKER_HOST ?? "unix:///var/run/docker.sock"}): ${(error as Error).message}`,
+        `docker engine unreachable (${process.env.DOCKER_HOST ?? "unix:///var/run/docker.sock"}): ${errorMessage(error)}`,
         { cause: error },
       );
     }
@@ -210,7 +211,7 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
       log: (msg, fields) => log.warn(fields ?? {}, msg),
     });
     const params = containerParamsOf(config);
-    // Bound below, once the runner exists: what a degraded home could not take is written when
+    // Bound below, once the TaskRunner exists: what a degraded home could not take is written when
     // the probe finds it writable again.
     let catchUp: () => Promise<boolean> = () => Promise.resolve(true);
     const storage = new StorageHealth(join(config.home, "runners"), {
@@ -226,7 +227,7 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
       homeId = await loadHomeIdentity(config.home);
     } catch (error) {
       if (error instanceof HomeIdentityError) throw new StartupError(error.message, { cause: error });
-      throw new StartupError(`cannot create the home identity: ${(error as Error).message}`, {
+      throw new StartupError(`cannot create the home identity: ${errorMessage(error)}`, {
         cause: error,
       });
     }

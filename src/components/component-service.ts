@@ -48,7 +48,7 @@ interface ComponentSlot {
 }
 
 /**
- * The runner and shim binaries on this host: their versions, and background installs that
+ * The dstack-runner and dstack-shim binaries on this host: their versions, and background installs that
  * download to a temp file beside the target, verify, fsync and rename over it (a running
  * process keeps the old inode), then re-check the version.
  */
@@ -82,7 +82,7 @@ export class ComponentService {
   }
 
   /**
-   * The runner binary's path when it is missing and no install of it is under way: a task
+   * The dstack-runner binary's path when it is missing and no install of it is under way: a task
    * without `command` cannot start then (its container bind-mounts the binary).
    */
   missingRunner(): string | undefined {
@@ -90,7 +90,7 @@ export class ComponentService {
     return slot.status === "installing" || existsSync(slot.path) ? undefined : slot.path;
   }
 
-  /** Both components, runner first, as last checked. */
+  /** Both components, dstack-runner first, as last checked. */
   async list(): Promise<ComponentInfo[]> {
     await this.checked;
     return [this.slots["dstack-runner"], this.slots["dstack-shim"]].map(({ name, version, status }) => ({

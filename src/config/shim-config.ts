@@ -231,7 +231,7 @@ export function resolveShimConfig(
 }
 
 /**
- * What every task container is built from, per this configuration: the runner settings, the
+ * What every task container is built from, per this configuration: the dstack-runner settings, the
  * `--pass-env` variables set in `env`, and whether the host has InfiniBand devices.
  */
 export function containerParamsOf(config: ShimConfig, env: NodeJS.ProcessEnv = process.env): ContainerParams {

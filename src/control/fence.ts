@@ -15,6 +15,7 @@ import {
 import { OperationBound } from "../exec/operation-bound.js";
 import type { CommandRunner } from "../exec/run-bounded.js";
 import { ShimClient, ShimHttpError, ShimUnreachableError } from "./shim-client.js";
+import { errorMessage } from "../errors/error-message.js";
 
 /** `--deadline`'s default: the seed's removal deadline. */
 export const FENCE_DEFAULT_DEADLINE_MS = 30_000;
@@ -104,14 +105,14 @@ function unlisted(selection: FenceSelection, error: ListingError): FenceResult[]
  * shim does not answer and a CLI target is given, the docker CLI there (over SSH, or locally):
  * list the containers carrying the task label, remove each with the confirmed removal.
  */
-export async function fence(runner: CommandRunner, request: FenceRequest): Promise<FenceReport> {
+export async function fence(commands: CommandRunner, request: FenceRequest): Promise<FenceReport> {
   if (request.shimUrl !== undefined) {
     const viaApi = await fenceViaShim(request.shimUrl, request);
     // Fall back only when the shim did not answer; an answer (even an error) is the shim's word.
     if (viaApi.kind === "answered" || request.cli === undefined) return viaApi.report;
   }
   if (request.cli === undefined) throw new Error("fence needs --shim, --ssh or --local");
-  return fenceViaCli(runner, request.cli, request);
+  return fenceViaCli(commands, request.cli, request);
 }
 
 // --- the shim's API --------------------------------------------------------------------------
@@ -134,8 +135,8 @@ async function fenceViaShim(
   } catch (error) {
     const listing = new ListingError(
       error instanceof ShimUnreachableError ? "shim_unreachable" : "shim",
-      { elapsed_ms: Date.now() - started, detail: (error as Error).message },
-      `cannot list the tasks of ${url}: ${(error as Error).message}`,
+      { elapsed_ms: Date.now() - started, detail: errorMessage(error) },
+      `cannot list the tasks of ${url}: ${errorMessage(error)}`,
     );
     return {
       kind: error instanceof ShimUnreachableError ? "unreachable" : "answered",
@@ -172,7 +173,7 @@ async function fenceTaskViaShim(client: ShimClient, id: string): Promise<FenceRe
       return result("already_absent", null);
     }
     const reason = error instanceof ShimUnreachableError ? "shim_unreachable" : "shim";
-    return result("unconfirmed", reason, (error as Error).message);
+    return result("unconfirmed", reason, errorMessage(error));
   }
   try {
     await client.getTask(id);
@@ -184,20 +185,20 @@ async function fenceTaskViaShim(client: ShimClient, id: string): Promise<FenceRe
       return result("removed", null);
     }
     const reason = error instanceof ShimUnreachableError ? "shim_unreachable" : "shim";
-    return result("unconfirmed", reason, (error as Error).message);
+    return result("unconfirmed", reason, errorMessage(error));
   }
 }
 
 // --- the docker CLI, over SSH or locally -----------------------------------------------------
 
 async function fenceViaCli(
-  runner: CommandRunner,
+  commands: CommandRunner,
   target: CliTarget,
   request: FenceRequest,
 ): Promise<FenceReport> {
   const host = target.kind === "local" ? hostname() : describeTarget(target);
   const via = target.kind === "local" ? "local" : "ssh";
-  const channel = new CliRemovalChannel(runner, target);
+  const channel = new CliRemovalChannel(commands, target);
   let containers: TaskContainer[];
   try {
     containers = await listTaskContainers(channel, target, request);
@@ -217,7 +218,7 @@ async function fenceViaCli(
       : request.selection.ids.filter((id) => !containers.some((c) => c.taskId === id));
   const limit = pLimit(FENCE_CONCURRENCY);
   const removed = await Promise.all(
-    selected.map((c) => limit(() => removeOne(runner, target, c, request.deadlineMs))),
+    selected.map((c) => limit(() => removeOne(commands, target, c, request.deadlineMs))),
   );
   const absent: FenceResult[] = missing.map((id) => ({
     container: null,
@@ -250,8 +251,8 @@ async function listTaskContainers(
   } catch (error) {
     throw new ListingError(
       target.kind === "ssh" ? "ssh" : "launch",
-      { elapsed_ms: bound.elapsedMs(), detail: (error as Error).message },
-      (error as Error).message,
+      { elapsed_ms: bound.elapsedMs(), detail: errorMessage(error) },
+      errorMessage(error),
     );
   }
   if (outcome.kind !== "exited") {
@@ -303,7 +304,7 @@ function reasonEvidence(reason: RemovalUnconfirmedReason): Record<string, unknow
 
 /** The seed's confirmed removal of one listed container, by id (a name may be reused). */
 async function removeOne(
-  runner: CommandRunner,
+  commands: CommandRunner,
   target: CliTarget,
   container: TaskContainer,
   deadlineMs: number,
@@ -311,7 +312,7 @@ async function removeOne(
   const bound = OperationBound.within(deadlineMs);
   const base = { container: container.name, task_id: container.taskId || null };
   try {
-    const confirmed = await removeContainerViaCli(runner, container.id, target, bound);
+    const confirmed = await removeContainerViaCli(commands, container.id, target, bound);
     return {
       ...base,
       outcome: confirmed === "removed" ? "removed" : "already_absent",

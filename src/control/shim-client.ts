@@ -2,6 +2,7 @@ import semver from "semver";
 import Type, { type Static, type TSchema } from "typebox";
 import Value from "typebox/value";
 import { TASK_STATUSES, type TaskStatus } from "../tasks/task-status.js";
+import { errorMessage } from "../errors/error-message.js";
 
 /** The shim answered with an HTTP error status. */
 export class ShimHttpError extends Error {
@@ -196,7 +197,7 @@ function fetchFailure(error: unknown): string {
   if (error instanceof Error && error.name === "TimeoutError") return "no answer within the deadline";
   const cause = (error as { cause?: unknown } | undefined)?.cause;
   const detail = cause instanceof Error ? cause.message : undefined;
-  return detail ?? (error instanceof Error ? error.message : String(error));
+  return detail ?? errorMessage(error);
 }
 
 /**

@@ -1,6 +1,7 @@
 import { setTimeout as sleep } from "node:timers/promises";
 import pLimit from "p-limit";
 import { ShimClient, ShimHttpError } from "./shim-client.js";
+import { errorMessage } from "../errors/error-message.js";
 
 /** How one shim's upgrade went. */
 export interface UpgradeResult {
@@ -133,7 +134,7 @@ export async function upgradeShim(
       windowMs: null,
       tasksBefore,
       tasksKept: 0,
-      error: (error as Error).message,
+      error: errorMessage(error),
     };
   }
 }

@@ -14,8 +14,8 @@ import { RemovalUnconfirmedError } from "./docker-errors.js";
 
 type Answer = BoundedOutcome | Error;
 
-/** A runner that answers each call with the next scripted outcome and records the argv. */
-class ScriptedRunner implements CommandRunner {
+/** A CommandRunner that answers each call with the next scripted outcome and records the argv. */
+class ScriptedCommands implements CommandRunner {
   readonly calls: CommandRequest[] = [];
   constructor(private readonly answers: Answer[]) {}
   run(request: CommandRequest): Promise<BoundedOutcome> {
@@ -67,32 +67,32 @@ async function reasonOf(promise: Promise<unknown>): Promise<RemovalUnconfirmedEr
 
 describe("removeContainerViaCli: the rm answer", () => {
   it("confirms a successful removal as removed, with one rm and no inspect", async () => {
-    const runner = new ScriptedRunner([exited(0, "", "c1")]);
-    expect(await removeContainerViaCli(runner, "c1")).toBe("removed");
-    expect(runner.calls[0]?.argv).toEqual(["docker", "rm", "--force", "--volumes", "c1"]);
-    expect(runner.calls[0]?.interruptible).toBe(false);
-    expect(runner.steps()).toEqual(["rm"]);
+    const commands = new ScriptedCommands([exited(0, "", "c1")]);
+    expect(await removeContainerViaCli(commands, "c1")).toBe("removed");
+    expect(commands.calls[0]?.argv).toEqual(["docker", "rm", "--force", "--volumes", "c1"]);
+    expect(commands.calls[0]?.interruptible).toBe(false);
+    expect(commands.steps()).toEqual(["rm"]);
   });
 
   it("confirms 'No such container' as already absent, without polling", async () => {
-    const runner = new ScriptedRunner([exited(1, NO_SUCH)]);
-    expect(await removeContainerViaCli(runner, "c1")).toBe("already-absent");
-    expect(runner.steps()).toEqual(["rm"]);
+    const commands = new ScriptedCommands([exited(1, NO_SUCH)]);
+    expect(await removeContainerViaCli(commands, "c1")).toBe("already-absent");
+    expect(commands.steps()).toEqual(["rm"]);
   });
 
   it("reports any other exit with its status and stderr, without polling", async () => {
-    const runner = new ScriptedRunner([exited(1, "Error response from daemon: driver failed")]);
-    expect(await reasonOf(removeContainerViaCli(runner, "c1"))).toEqual({
+    const commands = new ScriptedCommands([exited(1, "Error response from daemon: driver failed")]);
+    expect(await reasonOf(removeContainerViaCli(commands, "c1"))).toEqual({
       kind: "exit",
       code: 1,
       stderr: "Error response from daemon: driver failed",
     });
-    expect(runner.steps()).toEqual(["rm"]);
+    expect(commands.steps()).toEqual(["rm"]);
   });
 
   it("carries the client's cleanup evidence when the docker client hits the deadline", async () => {
-    const runner = new ScriptedRunner([expired]);
-    expect(await reasonOf(removeContainerViaCli(runner, "c1"))).toEqual({
+    const commands = new ScriptedCommands([expired]);
+    expect(await reasonOf(removeContainerViaCli(commands, "c1"))).toEqual({
       kind: "deadline",
       elapsedMs: 30_000,
       cleanup: evidence,
@@ -100,12 +100,12 @@ describe("removeContainerViaCli: the rm answer", () => {
   });
 
   it("types a local launch failure as launch, and an ssh one as ssh naming the target", async () => {
-    const local = new ScriptedRunner([new CommandLaunchError("cannot start docker: ENOENT")]);
+    const local = new ScriptedCommands([new CommandLaunchError("cannot start docker: ENOENT")]);
     expect(await reasonOf(removeContainerViaCli(local, "c1"))).toEqual({
       kind: "launch",
       detail: "cannot start docker: ENOENT",
     });
-    const remote = new ScriptedRunner([new CommandLaunchError("cannot start ssh: ENOENT")]);
+    const remote = new ScriptedCommands([new CommandLaunchError("cannot start ssh: ENOENT")]);
     expect(
       await reasonOf(removeContainerViaCli(remote, "c1", { kind: "ssh", host: "gpu-7", user: "u", port: 2 })),
     ).toEqual({ kind: "ssh", detail: "failed to launch SSH for u@gpu-7:2: cannot start ssh: ENOENT" });
@@ -113,8 +113,8 @@ describe("removeContainerViaCli: the rm answer", () => {
 
   it("types a wait failure as wait_cleanup with the client's cleanup evidence", async () => {
     const waitEvidence = { ...evidence, trigger: "wait_failure" as const };
-    const runner = new ScriptedRunner([new CommandWaitCleanupError("waitpid failed", 120, waitEvidence)]);
-    expect(await reasonOf(removeContainerViaCli(runner, "c1"))).toEqual({
+    const commands = new ScriptedCommands([new CommandWaitCleanupError("waitpid failed", 120, waitEvidence)]);
+    expect(await reasonOf(removeContainerViaCli(commands, "c1"))).toEqual({
       kind: "wait_cleanup",
       detail: "waitpid failed",
       elapsedMs: 120,
@@ -123,15 +123,15 @@ describe("removeContainerViaCli: the rm answer", () => {
   });
 
   it("types a stdin or read failure as wait", async () => {
-    const runner = new ScriptedRunner([new CommandStdinError("EPIPE")]);
-    expect(await reasonOf(removeContainerViaCli(runner, "c1"))).toEqual({ kind: "wait", detail: "EPIPE" });
+    const commands = new ScriptedCommands([new CommandStdinError("EPIPE")]);
+    expect(await reasonOf(removeContainerViaCli(commands, "c1"))).toEqual({ kind: "wait", detail: "EPIPE" });
   });
 
   it("types an interrupted client as wait", async () => {
-    const runner = new ScriptedRunner([
+    const commands = new ScriptedCommands([
       { kind: "interrupted", kill: { ok: true }, operationElapsedMs: 5, cleanup: evidence },
     ]);
-    expect(await reasonOf(removeContainerViaCli(runner, "c1"))).toEqual({
+    expect(await reasonOf(removeContainerViaCli(commands, "c1"))).toEqual({
       kind: "wait",
       detail: "container cleanup was interrupted",
     });
@@ -140,14 +140,14 @@ describe("removeContainerViaCli: the rm answer", () => {
 
 describe("removeContainerViaCli: a removal already in progress", () => {
   it("polls inspect until 'No such container' and confirms already absent", async () => {
-    const runner = new ScriptedRunner([exited(1, IN_PROGRESS), exited(0, "", "abc"), exited(1, NO_SUCH)]);
-    expect(await removeContainerViaCli(runner, "c1")).toBe("already-absent");
-    expect(runner.steps()).toEqual(["rm", "inspect", "inspect"]);
-    expect(runner.calls[1]?.argv).toEqual(["docker", "container", "inspect", "--format", "{{.Id}}", "c1"]);
+    const commands = new ScriptedCommands([exited(1, IN_PROGRESS), exited(0, "", "abc"), exited(1, NO_SUCH)]);
+    expect(await removeContainerViaCli(commands, "c1")).toBe("already-absent");
+    expect(commands.steps()).toEqual(["rm", "inspect", "inspect"]);
+    expect(commands.calls[1]?.argv).toEqual(["docker", "container", "inspect", "--format", "{{.Id}}", "c1"]);
   });
 
   it("keeps polling through every other answer: a launch error, ssh's 255, a timed-out probe", async () => {
-    const runner = new ScriptedRunner([
+    const commands = new ScriptedCommands([
       exited(1, IN_PROGRESS),
       new CommandLaunchError("cannot start ssh"),
       exited(255, "ssh: connect to host gpu-7 port 22: Connection refused"),
@@ -156,24 +156,26 @@ describe("removeContainerViaCli: a removal already in progress", () => {
       exited(1, NO_SUCH),
     ]);
     const started = Date.now();
-    expect(await removeContainerViaCli(runner, "c1", { kind: "ssh", host: "gpu-7" })).toBe("already-absent");
-    expect(runner.steps()).toEqual(["rm", "inspect", "inspect", "inspect", "inspect", "inspect"]);
+    expect(await removeContainerViaCli(commands, "c1", { kind: "ssh", host: "gpu-7" })).toBe(
+      "already-absent",
+    );
+    expect(commands.steps()).toEqual(["rm", "inspect", "inspect", "inspect", "inspect", "inspect"]);
     // Four waits of 250 ms between five probes.
     expect(Date.now() - started).toBeGreaterThanOrEqual(4 * 250 - 20);
   });
 
   it("ends unconfirmed at the deadline, with the last killed probe's evidence", async () => {
-    const runner = new ScriptedRunner([exited(1, IN_PROGRESS), expired, exited(0, "", "abc")]);
+    const commands = new ScriptedCommands([exited(1, IN_PROGRESS), expired, exited(0, "", "abc")]);
     const started = Date.now();
     const reason = await reasonOf(
-      removeContainerViaCli(runner, "c1", { kind: "local" }, OperationBound.within(700)),
+      removeContainerViaCli(commands, "c1", { kind: "local" }, OperationBound.within(700)),
     );
     const took = Date.now() - started;
     expect(reason).toMatchObject({ kind: "deadline", cleanup: evidence });
     expect(took).toBeGreaterThanOrEqual(690);
     expect(took).toBeLessThan(1_700);
     // One inspect per 250 ms: at most 4 in 700 ms.
-    const inspects = runner.steps().filter((s) => s === "inspect").length;
+    const inspects = commands.steps().filter((s) => s === "inspect").length;
     expect(inspects).toBeGreaterThanOrEqual(2);
     expect(inspects).toBeLessThanOrEqual(4);
   });
@@ -181,15 +183,15 @@ describe("removeContainerViaCli: a removal already in progress", () => {
 
 describe("the docker CLI over SSH", () => {
   it("runs docker on the remote machine with the container name shell-quoted", async () => {
-    const runner = new ScriptedRunner([exited(0)]);
-    await removeContainerViaCli(runner, "job'; rm -rf /", {
+    const commands = new ScriptedCommands([exited(0)]);
+    await removeContainerViaCli(commands, "job'; rm -rf /", {
       kind: "ssh",
       host: "gpu-7",
       user: "ubuntu",
       port: 2222,
       options: ["StrictHostKeyChecking=accept-new"],
     });
-    const argv = runner.calls[0]?.argv ?? [];
+    const argv = commands.calls[0]?.argv ?? [];
     expect(argv.slice(0, -1)).toEqual([
       "ssh",
       "-o",
@@ -211,9 +213,9 @@ describe("the docker CLI over SSH", () => {
   });
 
   it("adds an identity file when given, and names the target as written", async () => {
-    const runner = new ScriptedRunner([exited(0)]);
-    await removeContainerViaCli(runner, "c1", { kind: "ssh", host: "h", identityFile: "/k" });
-    expect(runner.calls[0]?.argv.join(" ")).toContain("-i /k -- h ");
+    const commands = new ScriptedCommands([exited(0)]);
+    await removeContainerViaCli(commands, "c1", { kind: "ssh", host: "h", identityFile: "/k" });
+    expect(commands.calls[0]?.argv.join(" ")).toContain("-i /k -- h ");
     expect(describeTarget({ kind: "ssh", host: "h" })).toBe("h");
     expect(describeTarget({ kind: "local" })).toBe("local");
   });

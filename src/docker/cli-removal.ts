@@ -17,6 +17,7 @@ import {
 import type { RemovalConfirmed } from "./docker-client.js";
 import type { RemovalUnconfirmedReason } from "./docker-errors.js";
 import { shellQuote } from "./container-spec.js";
+import { errorMessage } from "../errors/error-message.js";
 
 /** An SSH destination: `[user@]host[:port]`, and how to authenticate. */
 export interface SshTarget {
@@ -45,7 +46,7 @@ export function describeTarget(target: CliTarget): string {
  * The ssh argv prefix for a target: never a password prompt (BatchMode), a bounded connect,
  * keepalives that notice a dead connection within ~10 s. Host keys are checked as the user's ssh
  * config says; `options` come first, so they override all of this. None of this bounds a live connection to a wedged
- * daemon: the bounded runner does.
+ * daemon: `BoundedCommandRunner` does.
  */
 function sshArgv(target: SshTarget): string[] {
   return [
@@ -85,7 +86,7 @@ function failureOf(outcome: Exclude<BoundedOutcome, { kind: "exited" }>): Remova
 }
 
 function errorReason(target: CliTarget, error: unknown): RemovalUnconfirmedReason {
-  const detail = error instanceof Error ? error.message : String(error);
+  const detail = errorMessage(error);
   if (error instanceof CommandLaunchError) {
     return target.kind === "ssh"
       ? { kind: "ssh", detail: `failed to launch SSH for ${describeTarget(target)}: ${detail}` }
@@ -105,7 +106,7 @@ function errorReason(target: CliTarget, error: unknown): RemovalUnconfirmedReaso
  */
 export class CliRemovalChannel implements RemovalChannel {
   constructor(
-    private readonly runner: CommandRunner,
+    private readonly commands: CommandRunner,
     private readonly target: CliTarget = { kind: "local" },
   ) {}
 
@@ -141,7 +142,7 @@ export class CliRemovalChannel implements RemovalChannel {
 
   /** Runs `docker args…` on the target under the removal's bound. */
   run(args: readonly string[], bound: OperationBound): Promise<BoundedOutcome> {
-    return this.runner.run({ argv: dockerArgv(this.target, args), bound, interruptible: false });
+    return this.commands.run({ argv: dockerArgv(this.target, args), bound, interruptible: false });
   }
 }
 
@@ -150,10 +151,10 @@ export class CliRemovalChannel implements RemovalChannel {
  * 30 s deadline (see {@link confirmRemoval}); throws `RemovalUnconfirmedError` otherwise.
  */
 export function removeContainerViaCli(
-  runner: CommandRunner,
+  commands: CommandRunner,
   container: string,
   target: CliTarget = { kind: "local" },
   bound: OperationBound = OperationBound.within(REMOVAL_TIMEOUT_MS),
 ): Promise<RemovalConfirmed> {
-  return confirmRemoval(new CliRemovalChannel(runner, target), container, bound);
+  return confirmRemoval(new CliRemovalChannel(commands, target), container, bound);
 }

@@ -1,7 +1,7 @@
-import type { GpuContainerConfig } from "../host/gpu-inventory.js";
+import type { GpuContainerConfig } from "./gpu-devices.js";
 import { LABEL_IS_TASK, LABEL_OWNER, LABEL_TASK_ID, type ContainerCreateSpec } from "./docker-client.js";
 
-/** Where the runner dir and binary appear inside every task container. */
+/** Where dstack-runner's dir and binary appear inside every task container. */
 export const CONTAINER_RUNNER_DIR = "/tmp/runner";
 export const CONTAINER_RUNNER_BINARY = "/usr/local/bin/dstack-runner";
 

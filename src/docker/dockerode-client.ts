@@ -25,6 +25,7 @@ import {
   type RemoveAnswer,
 } from "./confirmed-removal.js";
 import { DockerConflictError, DockerNotFoundError, mapDockerError } from "./docker-errors.js";
+import { errorMessage } from "../errors/error-message.js";
 
 /** Deadlines (ms) for the short Engine API calls. */
 export const DOCKER_DEADLINES = {
@@ -220,7 +221,7 @@ export class DockerodeClient implements DockerClient {
               reason: { kind: "deadline", elapsedMs: bound.elapsedMs(), cleanup: null },
             };
           }
-          return { kind: "failed", reason: { kind: "engine", detail: (error as Error).message } };
+          return { kind: "failed", reason: { kind: "engine", detail: errorMessage(error) } };
         }
       },
       inspect: async (id, bound): Promise<InspectAnswer> => {

@@ -1,4 +1,5 @@
 import { StringDecoder } from "node:string_decoder";
+import { errorMessage } from "../errors/error-message.js";
 
 /**
  * Aggregate image pull progress, as reported in `TaskInfo.image_pull_progress`.
@@ -346,7 +347,7 @@ export function consumePullStream(
     }
 
     function onError(error: unknown): void {
-      const reason = error instanceof Error ? error.message : String(error);
+      const reason = errorMessage(error);
       fail(new PullFailedError(`image pull stream failed: ${reason}`, { cause: error }));
     }
 

@@ -2,6 +2,7 @@ import { spawn, type ChildProcess, type SpawnOptions, type StdioOptions } from "
 import { finished, type Readable, type Writable } from "node:stream";
 import type { CleanupEvidence, CleanupTrigger } from "./cleanup-evidence.js";
 import { OperationBound } from "./operation-bound.js";
+import { errorMessage } from "../errors/error-message.js";
 
 /** Grace for the killed process group's leader to be reaped. */
 export const COMMAND_REAP_GRACE_MS = 5_000;
@@ -89,7 +90,7 @@ export interface CommandRunner {
   run(request: CommandRequest): Promise<BoundedOutcome>;
 }
 
-/** How a runner starts a child: `child_process.spawn`, or a test's wrapper around it. */
+/** How a `BoundedCommandRunner` starts a child: `child_process.spawn`, or a test's wrapper around it. */
 export type SpawnFn = (
   program: string,
   args: readonly string[],
@@ -325,7 +326,7 @@ export class BoundedCommandRunner implements CommandRunner {
         stdio: [request.stdin === undefined ? "ignore" : "pipe", "pipe", "pipe"],
       });
     } catch (error) {
-      throw new CommandLaunchError(`cannot start ${program}: ${(error as Error).message}`, { cause: error });
+      throw new CommandLaunchError(`cannot start ${program}: ${errorMessage(error)}`, { cause: error });
     }
     if (child.pid === undefined) {
       // Node knows a failed spawn at once (no pid) and emits the reason on the next tick.
@@ -464,8 +465,8 @@ function describeFailure(argv: readonly string[], outcome: BoundedOutcome): stri
 }
 
 /** Runs a command and returns its stdout, or throws `CommandFailedError` unless it exited 0. */
-export async function runChecked(runner: CommandRunner, request: CommandRequest): Promise<string> {
-  const outcome = await runner.run(request);
+export async function runChecked(commands: CommandRunner, request: CommandRequest): Promise<string> {
+  const outcome = await commands.run(request);
   if (outcome.kind === "exited" && outcome.code === 0) return outcome.stdout.toString("utf8");
   throw new CommandFailedError(request.argv, outcome);
 }

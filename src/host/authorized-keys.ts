@@ -1,6 +1,7 @@
 import { constants } from "node:fs";
 import { lstat, mkdir, open, readFile, rename, unlink, type FileHandle } from "node:fs/promises";
 import { join } from "node:path";
+import { errorMessage } from "../errors/error-message.js";
 import {
   canonicalizePublicKey,
   InvalidPublicKeyError,
@@ -31,7 +32,7 @@ export class UserKeysReconcileError extends Error {
     options: ErrorOptions,
   ) {
     super(
-      `reconcile authorized_keys of ${user}: ${(options.cause as Error | undefined)?.message ?? "failed"}`,
+      `reconcile authorized_keys of ${user}: ${options.cause === undefined ? "failed" : errorMessage(options.cause)}`,
       options,
     );
   }
@@ -321,7 +322,7 @@ async function replaceAtomically(
 
 /** An error's message without the /proc/self/fd path it may name (meaningless to an operator). */
 function describe(error: unknown): string {
-  return (error as Error).message.replace(/\/proc\/self\/fd\/\d+\//g, "");
+  return errorMessage(error).replace(/\/proc\/self\/fd\/\d+\//g, "");
 }
 
 /** How a reconcile treats the shim entries already in the file. */

@@ -11,16 +11,12 @@ import {
 import {
   GpuDetectionError,
   GpuFixtureError,
-  UnknownGpuIdError,
   detectGpus,
-  gpuContainerConfig,
-  gpuIdsFromContainer,
   parseAmdSmiStatic,
   parseNvidiaSmiCsv,
-  type GpuInventory,
 } from "./gpu-inventory.js";
 
-class FakeRunner implements CommandRunner {
+class FakeCommands implements CommandRunner {
   readonly calls: CommandRequest[] = [];
   constructor(private readonly script: (argv: readonly string[]) => BoundedOutcome | Error) {}
   run(request: CommandRequest): Promise<BoundedOutcome> {
@@ -134,30 +130,30 @@ describe("parseAmdSmiStatic", () => {
 });
 
 describe("detectGpus on a host", () => {
-  const expectBounded = (runner: FakeRunner) => {
-    for (const call of runner.calls) expect(call.bound?.remainingMs()).toBeGreaterThan(0);
+  const expectBounded = (commands: FakeCommands) => {
+    for (const call of commands.calls) expect(call.bound?.remainingMs()).toBeGreaterThan(0);
   };
 
   it("uses nvidia-smi when it reports GPUs, under a deadline", async () => {
-    const runner = new FakeRunner(() => exited(0, NVIDIA_SMI));
-    const inventory = await detectGpus(runner);
+    const commands = new FakeCommands(() => exited(0, NVIDIA_SMI));
+    const inventory = await detectGpus(commands);
     expect(inventory.vendor).toBe("nvidia");
     expect(inventory.gpus.map((gpu) => gpu.index)).toEqual([0, 1]);
-    expect(runner.argvs()).toEqual([
+    expect(commands.argvs()).toEqual([
       "nvidia-smi --query-gpu=uuid,name,memory.total,driver_version,index --format=csv,noheader,nounits",
     ]);
-    expectBounded(runner);
+    expectBounded(commands);
   });
 
   it("falls back to amd-smi and resolves render nodes by BDF", async () => {
-    const runner = new FakeRunner((argv) =>
+    const commands = new FakeCommands((argv) =>
       argv[0] === "nvidia-smi" ? missing() : exited(0, AMD_SMI_ROCM6),
     );
     const nodes: Record<string, string> = {
       "0000:0c:00.0": "/dev/dri/renderD128",
       "0000:22:00.0": "/dev/dri/renderD136",
     };
-    const inventory = await detectGpus(runner, {
+    const inventory = await detectGpus(commands, {
       resolveRenderNode: (bdf) => Promise.resolve(nodes[bdf] ?? "/nowhere"),
     });
     expect(inventory).toEqual({
@@ -181,23 +177,23 @@ describe("detectGpus on a host", () => {
         },
       ],
     });
-    expect(runner.argvs()[1]).toBe("amd-smi static --json --asic --vram --bus --driver");
-    expectBounded(runner);
+    expect(commands.argvs()[1]).toBe("amd-smi static --json --asic --vram --bus --driver");
+    expectBounded(commands);
   });
 
   it("retries amd-smi without --driver when it exits non-zero, and skips unresolvable GPUs", async () => {
-    const runner = new FakeRunner((argv) => {
+    const commands = new FakeCommands((argv) => {
       if (argv[0] === "nvidia-smi") return missing();
       return argv.includes("--driver") ? exited(2, "", "unrecognized --driver") : exited(0, AMD_SMI_ROCM6);
     });
     const logged: string[] = [];
-    const inventory = await detectGpus(runner, {
+    const inventory = await detectGpus(commands, {
       resolveRenderNode: (bdf) =>
         bdf === "0000:0c:00.0" ? Promise.resolve("/dev/dri/renderD128") : Promise.reject(new Error("ENOENT")),
       log: (msg) => logged.push(msg),
     });
     expect(inventory.gpus.map((gpu) => gpu.id)).toEqual(["/dev/dri/renderD128"]);
-    expect(runner.argvs().slice(1)).toEqual([
+    expect(commands.argvs().slice(1)).toEqual([
       "amd-smi static --json --asic --vram --bus --driver",
       "amd-smi static --json --asic --vram --bus",
     ]);
@@ -205,25 +201,25 @@ describe("detectGpus on a host", () => {
   });
 
   it("reports vendor none when neither tool is installed", async () => {
-    const runner = new FakeRunner(() => missing());
-    await expect(detectGpus(runner)).resolves.toEqual({ vendor: "none", gpus: [] });
+    const commands = new FakeCommands(() => missing());
+    await expect(detectGpus(commands)).resolves.toEqual({ vendor: "none", gpus: [] });
   });
 
   it("reports vendor none when nvidia-smi lists no GPU and amd-smi is missing", async () => {
-    const runner = new FakeRunner((argv) => (argv[0] === "nvidia-smi" ? exited(0, "") : missing()));
-    await expect(detectGpus(runner)).resolves.toEqual({ vendor: "none", gpus: [] });
+    const commands = new FakeCommands((argv) => (argv[0] === "nvidia-smi" ? exited(0, "") : missing()));
+    await expect(detectGpus(commands)).resolves.toEqual({ vendor: "none", gpus: [] });
   });
 
   it("logs a failing or wedged tool and carries on without its GPUs", async () => {
     const logged: string[] = [];
     const log = (msg: string, fields?: object) => logged.push(`${msg} ${JSON.stringify(fields)}`);
-    const failing = new FakeRunner((argv) =>
+    const failing = new FakeCommands((argv) =>
       argv[0] === "nvidia-smi" ? exited(9, "", "couldn't communicate with the NVIDIA driver") : missing(),
     );
     await expect(detectGpus(failing, { log })).resolves.toEqual({ vendor: "none", gpus: [] });
     expect(logged).toEqual([expect.stringMatching(/nvidia-smi failed.*NVIDIA driver/)]);
 
-    const wedgedNvidia = new FakeRunner((argv) =>
+    const wedgedNvidia = new FakeCommands((argv) =>
       argv[0] === "nvidia-smi" ? expired : exited(0, AMD_SMI_ROCM6),
     );
     const amd = await detectGpus(wedgedNvidia, {
@@ -233,12 +229,12 @@ describe("detectGpus on a host", () => {
     expect(amd.vendor).toBe("amd");
 
     logged.length = 0;
-    const wedgedAmd = new FakeRunner((argv) => (argv[0] === "nvidia-smi" ? missing() : expired));
+    const wedgedAmd = new FakeCommands((argv) => (argv[0] === "nvidia-smi" ? missing() : expired));
     await expect(detectGpus(wedgedAmd, { log })).resolves.toEqual({ vendor: "none", gpus: [] });
     expect(logged).toEqual([expect.stringMatching(/amd-smi failed.*deadline exceeded/)]);
     expect(wedgedAmd.calls).toHaveLength(2);
 
-    const garbled = new FakeRunner(() => exited(0, "garbage"));
+    const garbled = new FakeCommands(() => exited(0, "garbage"));
     await expect(detectGpus(garbled)).resolves.toEqual({ vendor: "none", gpus: [] });
   });
 });
@@ -256,7 +252,7 @@ describe("detectGpus with a fixture", () => {
     await writeFile(path, typeof content === "string" ? content : JSON.stringify(content));
     return path;
   };
-  const neverRun = new FakeRunner(() => new Error("the fixture must not run commands"));
+  const neverRun = new FakeCommands(() => new Error("the fixture must not run commands"));
 
   it("describes AMD GPUs whose nodes map to host device nodes", async () => {
     const path = await fixture({
@@ -341,124 +337,5 @@ describe("detectGpus with a fixture", () => {
   ])("rejects a fixture with %s", async (_label, content) => {
     const path = content === undefined ? join(dir, "absent.json") : await fixture(content);
     await expect(detectGpus(neverRun, { fixturePath: path })).rejects.toBeInstanceOf(GpuFixtureError);
-  });
-});
-
-const NVIDIA: GpuInventory = {
-  vendor: "nvidia",
-  gpus: [
-    { vendor: "nvidia", name: "H100", vramMiB: 81559, id: "GPU-a", index: 0, driverVersion: "570" },
-    { vendor: "nvidia", name: "H100", vramMiB: 81559, id: "GPU-b", index: 1, driverVersion: "570" },
-  ],
-};
-const AMD: GpuInventory = {
-  vendor: "amd",
-  gpus: [
-    { vendor: "amd", name: "MI300X", vramMiB: 1, id: "/dev/dri/renderD128", index: 0, driverVersion: "" },
-    { vendor: "amd", name: "MI300X", vramMiB: 1, id: "/dev/dri/renderD136", index: 1, driverVersion: "" },
-  ],
-};
-const AMD_FIXTURE: GpuInventory = {
-  ...AMD,
-  deviceOverrides: {
-    "/dev/kfd": "/tmp/x/kfd",
-    "/dev/dri/renderD128": "/tmp/x/renderD128",
-    "/dev/dri/renderD136": "/tmp/x/renderD136",
-  },
-};
-
-describe("gpuContainerConfig", () => {
-  it("is empty without ids", () => {
-    expect(gpuContainerConfig(NVIDIA, [])).toEqual({
-      deviceRequests: [],
-      devices: [],
-      capAdd: [],
-      securityOpt: [],
-      env: [],
-    });
-    expect(gpuContainerConfig({ vendor: "none", gpus: [] }, [])).toMatchObject({ devices: [] });
-  });
-
-  it("requests NVIDIA GPUs by uuid with the capability list", () => {
-    const config = gpuContainerConfig(NVIDIA, ["GPU-b"]);
-    expect(config.deviceRequests).toEqual([
-      {
-        DeviceIDs: ["GPU-b"],
-        Capabilities: [["gpu", "utility", "compute", "graphics", "video", "display", "compat32"]],
-      },
-    ]);
-    expect(config.devices).toEqual([]);
-    expect(config.ipcMode).toBeUndefined();
-    const retry = gpuContainerConfig(NVIDIA, ["GPU-b"], { nvidiaDisplay: false });
-    expect(retry.deviceRequests[0]?.Capabilities[0]).not.toContain("display");
-  });
-
-  it("passes AMD kfd and render nodes with host IPC, SYS_PTRACE and unconfined seccomp", () => {
-    expect(gpuContainerConfig(AMD, ["/dev/dri/renderD136"])).toEqual({
-      deviceRequests: [],
-      devices: [
-        { PathOnHost: "/dev/kfd", PathInContainer: "/dev/kfd", CgroupPermissions: "rwm" },
-        {
-          PathOnHost: "/dev/dri/renderD136",
-          PathInContainer: "/dev/dri/renderD136",
-          CgroupPermissions: "rwm",
-        },
-      ],
-      capAdd: ["SYS_PTRACE"],
-      securityOpt: ["seccomp=unconfined"],
-      ipcMode: "host",
-      env: [],
-    });
-  });
-
-  it("substitutes fixture nodes on the host side only", () => {
-    expect(gpuContainerConfig(AMD_FIXTURE, ["/dev/dri/renderD128"]).devices).toEqual([
-      { PathOnHost: "/tmp/x/kfd", PathInContainer: "/dev/kfd", CgroupPermissions: "rwm" },
-      { PathOnHost: "/tmp/x/renderD128", PathInContainer: "/dev/dri/renderD128", CgroupPermissions: "rwm" },
-    ]);
-  });
-
-  it("rejects ids the inventory does not have", () => {
-    expect(() => gpuContainerConfig(NVIDIA, ["GPU-z"])).toThrow(UnknownGpuIdError);
-    expect(() => gpuContainerConfig({ vendor: "none", gpus: [] }, ["x"])).toThrow(UnknownGpuIdError);
-  });
-});
-
-describe("gpuIdsFromContainer", () => {
-  it("reads the ids of a single NVIDIA device request", () => {
-    expect(gpuIdsFromContainer(NVIDIA, { DeviceRequests: [{ DeviceIDs: ["GPU-a", "GPU-b"] }] })).toEqual([
-      "GPU-a",
-      "GPU-b",
-    ]);
-    expect(
-      gpuIdsFromContainer(NVIDIA, { DeviceRequests: [{ DeviceIDs: ["GPU-a"] }, { DeviceIDs: ["GPU-b"] }] }),
-    ).toEqual([]);
-    expect(
-      gpuIdsFromContainer(NVIDIA, { DeviceRequests: null, Devices: [{ PathOnHost: "/dev/nvidia0" }] }),
-    ).toEqual([]);
-  });
-
-  it("reads AMD render nodes from the devices", () => {
-    const hostConfig = {
-      Devices: [
-        { PathOnHost: "/dev/kfd", PathInContainer: "/dev/kfd" },
-        { PathOnHost: "/dev/dri/renderD136", PathInContainer: "/dev/dri/renderD136" },
-        { PathOnHost: "/dev/infiniband", PathInContainer: "/dev/infiniband" },
-      ],
-    };
-    expect(gpuIdsFromContainer(AMD, hostConfig)).toEqual(["/dev/dri/renderD136"]);
-  });
-
-  it("maps fixture nodes back to GPU ids, round-tripping gpuContainerConfig", () => {
-    const ids = ["/dev/dri/renderD128", "/dev/dri/renderD136"];
-    const config = gpuContainerConfig(AMD_FIXTURE, ids);
-    expect(gpuIdsFromContainer(AMD_FIXTURE, { Devices: [...config.devices] })).toEqual(ids);
-  });
-
-  it("finds nothing without a host config or GPUs", () => {
-    expect(gpuIdsFromContainer(NVIDIA, undefined)).toEqual([]);
-    expect(
-      gpuIdsFromContainer({ vendor: "none", gpus: [] }, { Devices: [{ PathOnHost: "/dev/dri/renderD128" }] }),
-    ).toEqual([]);
   });
 });

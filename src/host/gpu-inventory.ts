@@ -1,5 +1,4 @@
 import { readFile, realpath } from "node:fs/promises";
-import { posix } from "node:path";
 import Type from "typebox";
 import Value from "typebox/value";
 import { OperationBound } from "../exec/operation-bound.js";
@@ -9,6 +8,7 @@ import {
   runChecked,
   type CommandRunner,
 } from "../exec/run-bounded.js";
+import { errorMessage } from "../errors/error-message.js";
 
 /** The GPU vendor of a host; one vendor per host, as dstack-shim assumes. */
 export type GpuVendor = "nvidia" | "amd" | "none";
@@ -53,23 +53,11 @@ export class GpuDetectionError extends Error {
   override readonly name = "GpuDetectionError";
 }
 
-/** A GPU id that is not in the inventory was passed to {@link gpuContainerConfig}. */
-export class UnknownGpuIdError extends Error {
-  override readonly name = "UnknownGpuIdError";
-}
-
-/** The device node every ROCm container needs besides its render nodes. */
+/**
+ * The AMD kernel driver node (ROCm needs it besides the render nodes); a fixture substitutes a host
+ * node for it in `deviceOverrides`.
+ */
 export const AMD_KFD_PATH = "/dev/kfd";
-/** Capabilities of the NVIDIA device request (dstack-shim's list). */
-export const NVIDIA_GPU_CAPABILITIES: readonly string[] = [
-  "gpu",
-  "utility",
-  "compute",
-  "graphics",
-  "video",
-  "display",
-  "compat32",
-];
 
 const NVIDIA_SMI_DEADLINE_MS = 10_000;
 const AMD_SMI_DEADLINE_MS = 60_000;
@@ -121,7 +109,7 @@ export async function loadGpuFixture(path: string): Promise<GpuInventory> {
   try {
     raw = JSON.parse(await readFile(path, "utf8"));
   } catch (error) {
-    throw new GpuFixtureError(`cannot read GPU fixture ${path}: ${(error as Error).message}`, {
+    throw new GpuFixtureError(`cannot read GPU fixture ${path}: ${errorMessage(error)}`, {
       cause: error,
     });
   }
@@ -173,14 +161,14 @@ function checkFixture<T extends Type.TSchema>(path: string, schema: T, raw: unkn
  * @throws GpuFixtureError for a bad fixture (a test setup error, so it fails loudly).
  */
 export async function detectGpus(
-  runner: CommandRunner,
+  commands: CommandRunner,
   options: DetectGpusOptions = {},
 ): Promise<GpuInventory> {
   if (options.fixturePath !== undefined) return loadGpuFixture(options.fixturePath);
-  const nvidia = await probe("nvidia-smi", () => detectNvidia(runner), options.log);
+  const nvidia = await probe("nvidia-smi", () => detectNvidia(commands), options.log);
   if (nvidia.length > 0) return { vendor: "nvidia", gpus: nvidia };
   const resolve = options.resolveRenderNode ?? resolveRenderNodeByPath;
-  const amd = await probe("amd-smi", () => detectAmd(runner, resolve, options.log), options.log);
+  const amd = await probe("amd-smi", () => detectAmd(commands, resolve, options.log), options.log);
   if (amd.length > 0) return { vendor: "amd", gpus: amd };
   return { vendor: "none", gpus: [] };
 }
@@ -195,15 +183,15 @@ async function probe(
   } catch (error) {
     if (!(error instanceof CommandLaunchError)) {
       log?.(`GPU detection with ${tool} failed; assuming no GPUs from it`, {
-        error: (error as Error).message,
+        error: errorMessage(error),
       });
     }
     return [];
   }
 }
 
-async function detectNvidia(runner: CommandRunner): Promise<GpuInfo[]> {
-  const stdout = await runChecked(runner, {
+async function detectNvidia(commands: CommandRunner): Promise<GpuInfo[]> {
+  const stdout = await runChecked(commands, {
     argv: [
       "nvidia-smi",
       "--query-gpu=uuid,name,memory.total,driver_version,index",
@@ -215,17 +203,17 @@ async function detectNvidia(runner: CommandRunner): Promise<GpuInfo[]> {
 }
 
 async function detectAmd(
-  runner: CommandRunner,
+  commands: CommandRunner,
   resolve: (bdf: string) => Promise<string>,
   log: DetectGpusOptions["log"],
 ): Promise<GpuInfo[]> {
   const bound = OperationBound.within(AMD_SMI_DEADLINE_MS);
   const argv = ["amd-smi", "static", "--json", "--asic", "--vram", "--bus"];
-  const withDriver = await runner.run({ argv: [...argv, "--driver"], bound });
+  const withDriver = await commands.run({ argv: [...argv, "--driver"], bound });
   // Older amd-smi versions reject --driver; a deadline is not retried, it would only double the wait.
   if (withDriver.kind !== "exited") throw new CommandFailedError([...argv, "--driver"], withDriver);
   const stdout =
-    withDriver.code === 0 ? withDriver.stdout.toString("utf8") : await runChecked(runner, { argv, bound });
+    withDriver.code === 0 ? withDriver.stdout.toString("utf8") : await runChecked(commands, { argv, bound });
   const gpus: GpuInfo[] = [];
   for (const gpu of parseAmdSmiStatic(stdout)) {
     let renderNode: string;
@@ -315,7 +303,7 @@ export function parseAmdSmiStatic(stdout: string): AmdSmiGpu[] {
   try {
     parsed = JSON.parse(stdout);
   } catch (error) {
-    throw new GpuDetectionError(`amd-smi printed invalid JSON: ${(error as Error).message}`, {
+    throw new GpuDetectionError(`amd-smi printed invalid JSON: ${errorMessage(error)}`, {
       cause: error,
     });
   }
@@ -369,103 +357,4 @@ function amdVramMiB(size: unknown): number {
   // amd-smi says MB but means MiB.
   const factor = /^g/i.test(unit) ? 1024 : /^k/i.test(unit) ? 1 / 1024 : 1;
   return Math.round(amount * factor);
-}
-
-/** The GPU part of a container spec (Docker `HostConfig` fields plus env). */
-export interface GpuContainerConfig {
-  readonly deviceRequests: readonly { Driver?: string; DeviceIDs: string[]; Capabilities: string[][] }[];
-  readonly devices: readonly { PathOnHost: string; PathInContainer: string; CgroupPermissions: string }[];
-  readonly capAdd: readonly string[];
-  readonly securityOpt: readonly string[];
-  readonly ipcMode?: string;
-  readonly env: readonly string[];
-}
-
-/** Options of {@link gpuContainerConfig}. */
-export interface GpuContainerConfigOptions {
-  /** Request NVIDIA's `display` capability (default true); the retry after an engine refuses it drops it. */
-  readonly nvidiaDisplay?: boolean;
-}
-
-/**
- * The GPU part of the container spec for the locked `ids`: NVIDIA gets one device request
- * with the capability list; AMD gets `/dev/kfd` and each render node as devices, host IPC,
- * `SYS_PTRACE` and an unconfined seccomp profile (ROCm needs all three). Host paths go through the
- * inventory's fixture overrides. No ids → an empty config.
- *
- * @throws UnknownGpuIdError for an id the inventory does not have.
- */
-export function gpuContainerConfig(
-  inventory: GpuInventory,
-  ids: readonly string[],
-  options: GpuContainerConfigOptions = {},
-): GpuContainerConfig {
-  const empty: GpuContainerConfig = { deviceRequests: [], devices: [], capAdd: [], securityOpt: [], env: [] };
-  if (ids.length === 0) return empty;
-  const known = new Set(inventory.gpus.map((gpu) => gpu.id));
-  const unknown = ids.filter((id) => !known.has(id));
-  if (unknown.length > 0 || inventory.vendor === "none") {
-    throw new UnknownGpuIdError(`unknown GPU id(s): ${(unknown.length > 0 ? unknown : ids).join(", ")}`);
-  }
-  switch (inventory.vendor) {
-    case "nvidia": {
-      const capabilities = NVIDIA_GPU_CAPABILITIES.filter(
-        (cap) => cap !== "display" || options.nvidiaDisplay !== false,
-      );
-      return { ...empty, deviceRequests: [{ DeviceIDs: [...ids], Capabilities: [capabilities] }] };
-    }
-    case "amd": {
-      const device = (path: string) => ({
-        PathOnHost: inventory.deviceOverrides?.[path] ?? path,
-        PathInContainer: path,
-        CgroupPermissions: "rwm",
-      });
-      return {
-        ...empty,
-        devices: [device(AMD_KFD_PATH), ...ids.map(device)],
-        ipcMode: "host",
-        capAdd: ["SYS_PTRACE"],
-        securityOpt: ["seccomp=unconfined"],
-      };
-    }
-  }
-}
-
-/** The part of a container's inspected `HostConfig` that tells which GPUs it holds. */
-export type GpuHostConfig =
-  | {
-      DeviceRequests?: { DeviceIDs?: string[] }[] | null;
-      Devices?: { PathOnHost?: string; PathInContainer?: string }[] | null;
-    }
-  | undefined;
-
-/**
- * The GPU ids an existing container holds, recovered after a shim restart (by `restoreTasks`): NVIDIA
- * reads the ids of its single device request (none with explicit `gpu_devices`); AMD takes the
- * devices whose host path is a render node, mapping fixture nodes back to their ids.
- */
-export function gpuIdsFromContainer(inventory: GpuInventory, hostConfig: GpuHostConfig): string[] {
-  if (hostConfig === undefined) return [];
-  switch (inventory.vendor) {
-    case "nvidia": {
-      const requests = hostConfig.DeviceRequests ?? [];
-      const [only] = requests;
-      if (requests.length !== 1 || only === undefined) return [];
-      return (only.DeviceIDs ?? []).filter((id) => typeof id === "string" && id !== "");
-    }
-    case "amd": {
-      const byHostPath = new Map(
-        Object.entries(inventory.deviceOverrides ?? {}).map(([id, hostPath]) => [hostPath, id]),
-      );
-      const ids: string[] = [];
-      for (const device of hostConfig.Devices ?? []) {
-        if (device.PathOnHost === undefined) continue;
-        const id = byHostPath.get(device.PathOnHost) ?? posix.normalize(device.PathOnHost);
-        if (RENDER_NODE_PATTERN.test(id) && !ids.includes(id)) ids.push(id);
-      }
-      return ids;
-    }
-    case "none":
-      return [];
-  }
 }

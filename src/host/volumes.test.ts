@@ -22,7 +22,7 @@ import {
 
 type Script = (argv: readonly string[]) => BoundedOutcome;
 
-class FakeRunner implements CommandRunner {
+class FakeCommands implements CommandRunner {
   readonly calls: CommandRequest[] = [];
   constructor(private readonly script: Script) {}
   run(request: CommandRequest): Promise<BoundedOutcome> {
@@ -100,8 +100,8 @@ describe("HostVolumes", () => {
     await rm(root, { recursive: true, force: true });
   });
 
-  const volumes = (runner: CommandRunner) =>
-    new HostVolumes(runner, { mountRoot, diskByIdDir: byId, timings: FAST });
+  const volumes = (commands: CommandRunner) =>
+    new HostVolumes(commands, { mountRoot, diskByIdDir: byId, timings: FAST });
   const gcp = (overrides: Partial<VolumeInfo> = {}): VolumeInfo => ({
     backend: "gcp",
     name: "data",
@@ -110,14 +110,14 @@ describe("HostVolumes", () => {
     device_name: "pd-data",
     ...overrides,
   });
-  const expectAllBounded = (runner: FakeRunner) => {
-    expect(runner.calls.length).toBeGreaterThan(0);
-    for (const call of runner.calls) expect(call.bound?.remainingMs()).toBeGreaterThan(0);
+  const expectAllBounded = (commands: FakeCommands) => {
+    expect(commands.calls.length).toBeGreaterThan(0);
+    for (const call of commands.calls) expect(call.bound?.remainingMs()).toBeGreaterThan(0);
   };
 
   describe("mountPointOf", () => {
     it("puts a volume under the mount root", () => {
-      expect(new HostVolumes(new FakeRunner(host({}))).mountPointOf("data-1")).toBe(
+      expect(new HostVolumes(new FakeCommands(host({}))).mountPointOf("data-1")).toBe(
         "/mnt/disks/dstack-volumes/data-1",
       );
     });
@@ -125,7 +125,7 @@ describe("HostVolumes", () => {
     it.each(["", ".", "..", "a/b", "/abs", "a..b", "x\u0000y", "new\nline", "v".repeat(129)])(
       "rejects %j",
       (name) => {
-        expect(() => volumes(new FakeRunner(host({}))).mountPointOf(name)).toThrow(InvalidVolumeNameError);
+        expect(() => volumes(new FakeCommands(host({}))).mountPointOf(name)).toThrow(InvalidVolumeNameError);
       },
     );
   });
@@ -133,15 +133,15 @@ describe("HostVolumes", () => {
   describe("prepareVolumes", () => {
     it("formats a blank GCP disk only after re-probing it, mounts it and opens its root", async () => {
       await symlink("../../sdb", join(byId, "google-pd-data"));
-      const runner = new FakeRunner(host({}));
+      const commands = new FakeCommands(host({}));
       const mounted: number[] = [];
-      await volumes(runner).prepareVolumes([gcp()], (index) => {
+      await volumes(commands).prepareVolumes([gcp()], (index) => {
         mounted.push(index);
         return Promise.resolve();
       });
       const device = join(root, "..", "sdb");
       const mp = join(mountRoot, "data");
-      expect(runner.argvs()).toEqual([
+      expect(commands.argvs()).toEqual([
         `mountpoint -q ${mp}`,
         `lsblk -bdn -o SIZE ${device}`,
         ...Array<string>(4).fill(`blkid -p -o value -s TYPE ${device}`),
@@ -150,48 +150,50 @@ describe("HostVolumes", () => {
       ]);
       expect(mounted).toEqual([0]);
       expect((await stat(mp)).mode & 0o777).toBe(0o777);
-      expectAllBounded(runner);
+      expectAllBounded(commands);
     });
 
     it("prefers the GCP first-partition link and never formats a disk with a file system", async () => {
       await symlink("/dev/sdc", join(byId, "google-pd-data"));
       await symlink("/dev/sdc1", join(byId, "google-pd-data-part1"));
-      const runner = new FakeRunner(host({ blkid: () => exited(0, "xfs\n") }));
-      await volumes(runner).prepareVolumes([gcp()]);
-      expect(runner.argvs()).toContain(`mount /dev/sdc1 ${join(mountRoot, "data")}`);
-      expect(runner.argvs().some((argv) => argv.startsWith("mkfs"))).toBe(false);
+      const commands = new FakeCommands(host({ blkid: () => exited(0, "xfs\n") }));
+      await volumes(commands).prepareVolumes([gcp()]);
+      expect(commands.argvs()).toContain(`mount /dev/sdc1 ${join(mountRoot, "data")}`);
+      expect(commands.argvs().some((argv) => argv.startsWith("mkfs"))).toBe(false);
       expect((await stat(join(mountRoot, "data"))).mode & 0o777).toBe(0o755);
     });
 
     it("believes a file system that appears on a re-probe", async () => {
       await symlink("/dev/sdb", join(byId, "google-pd-data"));
       let probes = 0;
-      const runner = new FakeRunner(host({ blkid: () => (++probes < 3 ? exited(2) : exited(0, "ext4\n")) }));
-      await volumes(runner).prepareVolumes([gcp()]);
+      const commands = new FakeCommands(
+        host({ blkid: () => (++probes < 3 ? exited(2) : exited(0, "ext4\n")) }),
+      );
+      await volumes(commands).prepareVolumes([gcp()]);
       expect(probes).toBe(3);
-      expect(runner.argvs().some((argv) => argv.startsWith("mkfs"))).toBe(false);
+      expect(commands.argvs().some((argv) => argv.startsWith("mkfs"))).toBe(false);
     });
 
     it("fails on a blank disk when it may not format it", async () => {
       await symlink("/dev/sdb", join(byId, "google-pd-data"));
-      const runner = new FakeRunner(host({}));
-      const error = await volumes(runner)
+      const commands = new FakeCommands(host({}));
+      const error = await volumes(commands)
         .prepareVolumes([gcp({ init_fs: false })])
         .catch((e: unknown) => e);
       expect(error).toBeInstanceOf(VolumePrepareError);
       expect((error as VolumePrepareError).volume).toBe("data");
       expect((error as Error).cause).toEqual(new VolumeDeviceError("disk /dev/sdb has no file system"));
-      expect(runner.argvs().some((argv) => /^(mkfs|mount )/.test(argv))).toBe(false);
+      expect(commands.argvs().some((argv) => /^(mkfs|mount )/.test(argv))).toBe(false);
     });
 
     it("refuses a disk with a signature that is not a file system, or a failed probe", async () => {
       await symlink("/dev/sdb", join(byId, "google-pd-data"));
-      const partitioned = new FakeRunner(host({ blkid: () => exited(0, "") }));
+      const partitioned = new FakeCommands(host({ blkid: () => exited(0, "") }));
       await expect(volumes(partitioned).prepareVolumes([gcp()])).rejects.toThrow(/non-filesystem signature/);
-      const broken = new FakeRunner(host({ blkid: () => exited(4, "", "I/O error") }));
+      const broken = new FakeCommands(host({ blkid: () => exited(4, "", "I/O error") }));
       await expect(volumes(broken).prepareVolumes([gcp()])).rejects.toThrow(/I\/O error/);
-      for (const runner of [partitioned, broken]) {
-        expect(runner.argvs().some((argv) => argv.startsWith("mkfs"))).toBe(false);
+      for (const commands of [partitioned, broken]) {
+        expect(commands.argvs().some((argv) => argv.startsWith("mkfs"))).toBe(false);
       }
     });
 
@@ -231,59 +233,61 @@ describe("HostVolumes", () => {
         // First probe: the failure itself. Then: blank twice, and the failure on the last re-probe.
         for (const failOn of [1, 3]) {
           let probes = 0;
-          const runner = new FakeRunner(host({ blkid: () => (++probes === failOn ? outcome() : exited(2)) }));
-          const error = await volumes(runner)
+          const commands = new FakeCommands(
+            host({ blkid: () => (++probes === failOn ? outcome() : exited(2)) }),
+          );
+          const error = await volumes(commands)
             .prepareVolumes([gcp({ init_fs: true })])
             .catch((e: unknown) => e);
           expect(error).toBeInstanceOf(VolumePrepareError);
           expect((error as Error).cause).toBeInstanceOf(CommandFailedError);
           expect(probes).toBe(failOn);
-          expect(runner.argvs().some((argv) => /^(mkfs|mount )/.test(argv))).toBe(false);
+          expect(commands.argvs().some((argv) => /^(mkfs|mount )/.test(argv))).toBe(false);
         }
       },
     );
 
     it("waits a bounded time for a non-empty block device", async () => {
       await symlink("/dev/sdb", join(byId, "google-pd-data"));
-      const runner = new FakeRunner(host({ size: "0" }));
-      await expect(volumes(runner).prepareVolumes([gcp()])).rejects.toThrow(
+      const commands = new FakeCommands(host({ size: "0" }));
+      await expect(volumes(commands).prepareVolumes([gcp()])).rejects.toThrow(
         /not a ready non-empty block device/,
       );
-      expect(runner.argvs().some((argv) => argv.startsWith("blkid"))).toBe(false);
+      expect(commands.argvs().some((argv) => argv.startsWith("blkid"))).toBe(false);
     });
 
     it("fails when GCP has no link for the disk, or the device name is not plain", async () => {
-      const runner = new FakeRunner(host({}));
-      await expect(volumes(runner).prepareVolumes([gcp()])).rejects.toThrow(/no \/dev\/disk\/by-id link/);
-      await expect(volumes(runner).prepareVolumes([gcp({ device_name: "/dev/sdv" })])).rejects.toThrow(
+      const commands = new FakeCommands(host({}));
+      await expect(volumes(commands).prepareVolumes([gcp()])).rejects.toThrow(/no \/dev\/disk\/by-id link/);
+      await expect(volumes(commands).prepareVolumes([gcp({ device_name: "/dev/sdv" })])).rejects.toThrow(
         /invalid GCP device name/,
       );
     });
 
     it("skips a volume that is already mounted, and still reports it", async () => {
       const mp = join(mountRoot, "data");
-      const runner = new FakeRunner(host({ mounted: new Set([mp]) }));
+      const commands = new FakeCommands(host({ mounted: new Set([mp]) }));
       const mounted: number[] = [];
-      await volumes(runner).prepareVolumes([gcp()], (index) => {
+      await volumes(commands).prepareVolumes([gcp()], (index) => {
         mounted.push(index);
         return Promise.resolve();
       });
-      expect(runner.argvs()).toEqual([`mountpoint -q ${mp}`]);
+      expect(commands.argvs()).toEqual([`mountpoint -q ${mp}`]);
       expect(mounted).toEqual([0]);
     });
 
     it("does not guess when mountpoint gives no answer", async () => {
-      const runner = new FakeRunner(() => expired);
-      const error = await volumes(runner)
+      const commands = new FakeCommands(() => expired);
+      const error = await volumes(commands)
         .prepareVolumes([gcp()])
         .catch((e: unknown) => e);
       expect((error as Error).cause).toBeInstanceOf(CommandFailedError);
-      expect(runner.calls).toHaveLength(1);
+      expect(commands.calls).toHaveLength(1);
     });
 
     it("finds an AWS volume by its NVMe serial once it appears, and uses its first partition", async () => {
       let listings = 0;
-      const runner = new FakeRunner(
+      const commands = new FakeCommands(
         host({
           serials: () =>
             ++listings < 3 ? "nvme0n1 vol0aaaa\n" : "nvme0n1 vol0aaaa\nnvme1n1 vol0123456789abcdef0\n",
@@ -291,7 +295,7 @@ describe("HostVolumes", () => {
           blkid: () => exited(0, "ext4\n"),
         }),
       );
-      await volumes(runner).prepareVolumes([
+      await volumes(commands).prepareVolumes([
         {
           backend: "aws",
           name: "ebs",
@@ -301,16 +305,16 @@ describe("HostVolumes", () => {
         },
       ]);
       expect(listings).toBe(3);
-      expect(runner.argvs()).toContain("lsblk -ln -o NAME /dev/nvme1n1");
-      expect(runner.argvs()).toContain(`mount /dev/nvme1n1p1 ${join(mountRoot, "ebs")}`);
-      expectAllBounded(runner);
+      expect(commands.argvs()).toContain("lsblk -ln -o NAME /dev/nvme1n1");
+      expect(commands.argvs()).toContain(`mount /dev/nvme1n1p1 ${join(mountRoot, "ebs")}`);
+      expectAllBounded(commands);
     });
 
     it("gives up on an AWS volume that never appears", async () => {
-      const runner = new FakeRunner(host({ serials: () => "nvme0n1 vol0aaaa\n" }));
+      const commands = new FakeCommands(host({ serials: () => "nvme0n1 vol0aaaa\n" }));
       const started = Date.now();
       await expect(
-        volumes(runner).prepareVolumes([
+        volumes(commands).prepareVolumes([
           { backend: "aws", name: "ebs", volume_id: "vol-0123", init_fs: true, device_name: null },
         ]),
       ).rejects.toThrow(/volume vol-0123 not found among block devices/);
@@ -318,23 +322,23 @@ describe("HostVolumes", () => {
     });
 
     it("rejects unknown backends and bad names before running anything", async () => {
-      const runner = new FakeRunner(host({}));
-      await expect(volumes(runner).prepareVolumes([gcp({ backend: "azure" })])).rejects.toThrow(
+      const commands = new FakeCommands(host({}));
+      await expect(volumes(commands).prepareVolumes([gcp({ backend: "azure" })])).rejects.toThrow(
         /unsupported volume backend/,
       );
-      const before = runner.calls.length;
-      await expect(volumes(runner).prepareVolumes([gcp({ name: "../etc" })])).rejects.toBeInstanceOf(
+      const before = commands.calls.length;
+      await expect(volumes(commands).prepareVolumes([gcp({ name: "../etc" })])).rejects.toBeInstanceOf(
         InvalidVolumeNameError,
       );
-      expect(runner.calls.length).toBe(before);
+      expect(commands.calls.length).toBe(before);
     });
 
     it("stops at the first failure, leaving earlier volumes mounted", async () => {
       await symlink("/dev/sdb", join(byId, "google-pd-data"));
-      const runner = new FakeRunner(host({ blkid: () => exited(0, "ext4\n") }));
+      const commands = new FakeCommands(host({ blkid: () => exited(0, "ext4\n") }));
       const mounted: number[] = [];
       await expect(
-        volumes(runner).prepareVolumes(
+        volumes(commands).prepareVolumes(
           [gcp(), gcp({ name: "other", device_name: "pd-missing" })],
           (index) => {
             mounted.push(index);
@@ -349,13 +353,13 @@ describe("HostVolumes", () => {
   describe("unmountVolumes", () => {
     it("unmounts only mounted volumes and reports every failure at once", async () => {
       const [a, b, c] = ["a", "b", "c"].map((name) => join(mountRoot, name));
-      const runner = new FakeRunner(
+      const commands = new FakeCommands(
         host({ mounted: new Set([a ?? "", c ?? ""]), failUmount: new Set([a ?? ""]) }),
       );
-      const error = await volumes(runner)
+      const error = await volumes(commands)
         .unmountVolumes(["a", "b", "c"].map((name) => gcp({ name })))
         .catch((e: unknown) => e);
-      expect(runner.argvs()).toEqual([
+      expect(commands.argvs()).toEqual([
         `mountpoint -q ${a}`,
         `umount -qf ${a}`,
         `mountpoint -q ${b}`,
@@ -365,13 +369,13 @@ describe("HostVolumes", () => {
       expect(error).toBeInstanceOf(VolumeUnmountError);
       expect((error as VolumeUnmountError).mountPoints).toEqual([a]);
       expect((error as Error).message).toBe(`failed to unmount volume(s): [${a}]`);
-      expectAllBounded(runner);
+      expectAllBounded(commands);
     });
 
     it("is a no-op when nothing is mounted, and treats an unanswered check as a failure", async () => {
-      await expect(volumes(new FakeRunner(host({}))).unmountVolumes([gcp()])).resolves.toBeUndefined();
-      const runner = new FakeRunner(() => expired);
-      await expect(volumes(runner).unmountVolumes([gcp(), gcp({ name: "x/y" })])).rejects.toMatchObject({
+      await expect(volumes(new FakeCommands(host({}))).unmountVolumes([gcp()])).resolves.toBeUndefined();
+      const commands = new FakeCommands(() => expired);
+      await expect(volumes(commands).unmountVolumes([gcp(), gcp({ name: "x/y" })])).rejects.toMatchObject({
         mountPoints: [join(mountRoot, "data"), "x/y"],
       });
     });
@@ -383,7 +387,7 @@ describe("HostVolumes", () => {
       await mkdir(existing);
       await chmod(existing, 0o700);
       const created = join(root, "new", "deep", "dir");
-      await volumes(new FakeRunner(host({}))).prepareInstanceMounts([
+      await volumes(new FakeCommands(host({}))).prepareInstanceMounts([
         { instance_path: existing, path: "/a" },
         { instance_path: created, path: "/b" },
       ]);
@@ -394,7 +398,7 @@ describe("HostVolumes", () => {
 
     it.each(["relative/path", "/a/../b", "/a/./b", "/a//b", "", "/a\u0000b"])("rejects %j", async (path) => {
       await expect(
-        volumes(new FakeRunner(host({}))).prepareInstanceMounts([{ instance_path: path, path: "/x" }]),
+        volumes(new FakeCommands(host({}))).prepareInstanceMounts([{ instance_path: path, path: "/x" }]),
       ).rejects.toBeInstanceOf(InvalidInstancePathError);
     });
   });

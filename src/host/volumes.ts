@@ -3,6 +3,7 @@ import { posix } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import { OperationBound } from "../exec/operation-bound.js";
 import { CommandFailedError, runChecked, type CommandRunner } from "../exec/run-bounded.js";
+import { errorMessage } from "../errors/error-message.js";
 
 /** A network volume to attach and mount on the host (`TaskConfig.volumes`). */
 export interface VolumeInfo {
@@ -37,7 +38,7 @@ export class VolumePrepareError extends Error {
     options: ErrorOptions,
   ) {
     super(
-      `format and mount volume ${volume}: ${(options.cause as Error | undefined)?.message ?? "failed"}`,
+      `format and mount volume ${volume}: ${options.cause === undefined ? "failed" : errorMessage(options.cause)}`,
       options,
     );
   }
@@ -115,7 +116,7 @@ export class HostVolumes {
   private readonly timings: VolumeTimings;
 
   constructor(
-    private readonly runner: CommandRunner,
+    private readonly commands: CommandRunner,
     options: HostVolumesOptions = {},
   ) {
     this.mountRoot = options.mountRoot ?? DEFAULT_VOLUME_MOUNT_ROOT;
@@ -179,7 +180,7 @@ export class HostVolumes {
       try {
         mountPoint = this.mountPointOf(volume.name);
         if (!(await this.isMounted(mountPoint))) continue;
-        await runChecked(this.runner, {
+        await runChecked(this.commands, {
           argv: ["umount", "-qf", mountPoint],
           bound: OperationBound.within(this.timings.mountMs),
         });
@@ -219,7 +220,7 @@ export class HostVolumes {
 
   private async isMounted(mountPoint: string): Promise<boolean> {
     const argv = ["mountpoint", "-q", mountPoint];
-    const outcome = await this.runner.run({ argv, bound: OperationBound.within(this.timings.queryMs) });
+    const outcome = await this.commands.run({ argv, bound: OperationBound.within(this.timings.queryMs) });
     // Any exit status but 0 means "not a mount point" (missing, not a directory, or a plain dir);
     // no answer at all means we do not know, and guessing could mount twice or skip an unmount.
     if (outcome.kind !== "exited" || outcome.code === null) throw new CommandFailedError(argv, outcome);
@@ -230,7 +231,7 @@ export class HostVolumes {
     const device = await this.resolveDevice(volume);
     const created = await this.initFileSystem(device, volume.init_fs);
     await mkdir(mountPoint, { recursive: true, mode: 0o755 });
-    await runChecked(this.runner, {
+    await runChecked(this.commands, {
       argv: ["mount", device, mountPoint],
       bound: OperationBound.within(this.timings.mountMs),
     });
@@ -258,7 +259,7 @@ export class HostVolumes {
     const wait = OperationBound.within(this.timings.awsResolveMs);
     let base: string | undefined;
     for (;;) {
-      const listing = await runChecked(this.runner, {
+      const listing = await runChecked(this.commands, {
         argv: ["lsblk", "-dn", "-o", "NAME,SERIAL"],
         bound: OperationBound.within(this.timings.queryMs),
       });
@@ -271,7 +272,7 @@ export class HostVolumes {
       }
       await sleep(Math.min(this.timings.awsPollMs, wait.remainingMs() ?? 0));
     }
-    const partitions = await runChecked(this.runner, {
+    const partitions = await runChecked(this.commands, {
       argv: ["lsblk", "-ln", "-o", "NAME", base],
       bound: OperationBound.within(this.timings.queryMs),
     });
@@ -311,7 +312,7 @@ export class HostVolumes {
     }
     if (fsType !== undefined) return false;
     if (!initFs) throw new VolumeDeviceError(`disk ${device} has no file system`);
-    await runChecked(this.runner, {
+    await runChecked(this.commands, {
       argv: ["mkfs.ext4", "-F", device],
       bound: OperationBound.within(this.timings.mkfsMs),
     });
@@ -322,7 +323,7 @@ export class HostVolumes {
     const wait = OperationBound.within(this.timings.deviceReadyMs);
     const argv = ["lsblk", "-bdn", "-o", "SIZE", device];
     for (;;) {
-      const outcome = await this.runner.run({ argv, bound: OperationBound.within(this.timings.queryMs) });
+      const outcome = await this.commands.run({ argv, bound: OperationBound.within(this.timings.queryMs) });
       let problem = "device has zero size";
       if (outcome.kind !== "exited" || outcome.code !== 0) {
         problem = new CommandFailedError(argv, outcome).message;
@@ -341,7 +342,7 @@ export class HostVolumes {
   /** The file system type, or undefined for a blank disk (blkid exit 2: no signature at all). */
   private async probeFileSystem(device: string): Promise<string | undefined> {
     const argv = ["blkid", "-p", "-o", "value", "-s", "TYPE", device];
-    const outcome = await this.runner.run({ argv, bound: OperationBound.within(this.timings.queryMs) });
+    const outcome = await this.commands.run({ argv, bound: OperationBound.within(this.timings.queryMs) });
     if (outcome.kind === "exited") {
       const fsType = outcome.stdout.toString("utf8").trim();
       if (fsType !== "") return fsType;

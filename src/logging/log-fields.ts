@@ -1,4 +1,5 @@
 import type { Logger } from "pino";
+import { errorMessage } from "../errors/error-message.js";
 
 /**
  * An expected failure (a task's bad config, an engine outage, a failed download) as log fields:
@@ -7,7 +8,7 @@ import type { Logger } from "pino";
  * says nothing an operator can act on.
  */
 export function errorFields(error: unknown): { readonly error: string } {
-  return { error: error instanceof Error ? error.message : String(error) };
+  return { error: errorMessage(error) };
 }
 
 /**

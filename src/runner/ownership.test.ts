@@ -82,7 +82,7 @@ describe("ownership in the lifecycle (O5)", () => {
   it("a container of our task id under another home never stands in for ours, nor is stopped or removed", async () => {
     const mine = await env.submitAndStart();
     const twin = env.docker.addContainer({ name: "twin", labels: labels(mine.id, "home-b") });
-    env.docker.exit(mine.containerId, 0);
+    env.docker.exit(mine.containerId!, 0);
     await env.reconciler.tick();
     expect(env.ctx.store.mustGet(mine.id).terminationReason).toBe("done_by_runner");
     await env.runner.remove(mine.id);

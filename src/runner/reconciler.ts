@@ -112,8 +112,8 @@ export class Reconciler {
       // carries a task id of ours must never stand in for our task's own container.
       const byTask = new Map<string, TaskContainerSummary>();
       for (const c of this.ctx.ownership.filter(containers, (id) => this.ctx.store.get(id) !== undefined)) {
-        const own = this.ctx.store.get(c.taskId)?.containerId ?? "";
-        if (own === "" || own === c.id) byTask.set(c.taskId, c);
+        const own = this.ctx.store.get(c.taskId)?.containerId;
+        if (own === undefined || own === c.id) byTask.set(c.taskId, c);
       }
       const suspects = new Set(this.suspects);
       this.suspects.clear();
@@ -197,7 +197,7 @@ export class Reconciler {
       return;
     }
     // Not listed, no longer running, or reported dead by an event: an inspect decides.
-    const details = await docker.inspectContainer(task.containerId || task.containerName, this.ctx.shutdown);
+    const details = await docker.inspectContainer(task.containerId ?? task.containerName, this.ctx.shutdown);
     if (!details) {
       await this.finalize(task, "executor_error", "container not found", null);
       return;

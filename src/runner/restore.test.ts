@@ -59,7 +59,7 @@ describe("restoreTasks", () => {
 
   it("finalizes a container that exited while the shim was down, with its real exit code", async () => {
     const task = await env.submitAndStart({ gpu: 1 });
-    env.docker.exit(task.containerId, 42, { logs: ["Traceback", "ValueError: bad input"] });
+    env.docker.exit(task.containerId!, 42, { logs: ["Traceback", "ValueError: bad input"] });
     const next = await restart();
     await restoreTasks(next.ctx);
     expect(next.ctx.gpuLock.lockedIds()).toEqual(task.gpuIds);
@@ -74,7 +74,7 @@ describe("restoreTasks", () => {
 
   it("finalizes a running task.json whose container is gone as executor_error with exit code null", async () => {
     const task = await env.submitAndStart({ gpu: 1 });
-    env.docker.remove(task.containerId);
+    env.docker.remove(task.containerId!);
     const next = await restart();
     await restoreTasks(next.ctx);
     expect(next.ctx.store.mustGet(task.id).status).toBe("running");
@@ -166,7 +166,7 @@ describe("restoreTasks", () => {
     const ran = await env.submitAndStart({});
     const created = await env.seedTask({ status: "creating", containerState: "created" });
     const cut = await env.seedTask({ status: "pending", containerState: "none" });
-    env.docker.exit(ran.containerId, 137, { logs: ["last line"] });
+    env.docker.exit(ran.containerId!, 137, { logs: ["last line"] });
     const sameBoot = await restart();
     await restoreTasks(sameBoot.ctx);
     expect(sameBoot.ctx.store.mustGet(ran.id).acrossReboot).toBeUndefined();

@@ -2,7 +2,7 @@ import { existsSync } from "node:fs";
 import { basename, posix } from "node:path";
 import pLimit from "p-limit";
 import type { ContainerDetails, TaskContainerSummary } from "../docker/docker-client.js";
-import { gpuIdsFromContainer } from "../host/gpu-inventory.js";
+import { gpuIdsFromContainer } from "../docker/gpu-devices.js";
 import type { ScannedTaskDir } from "../state/task-dirs.js";
 import { epochOf, UnsupportedTaskStateVersionError, type TaskState } from "../state/task-state-file.js";
 import { newTask, type Task } from "../tasks/task.js";
@@ -147,7 +147,7 @@ export async function restoreTasks(ctx: RunnerContext): Promise<RestoreReport> {
       terminationMessage: stored?.state.termination_message ?? "",
       containerName: container.name,
       containerId: container.id,
-      ports: container.state === "created" ? null : (inspect?.ports ?? []),
+      ...(container.state === "created" ? {} : { ports: inspect?.ports ?? [] }),
       gpuIds: ownedGpus,
       taskDir,
       cleanedUp,

@@ -87,7 +87,7 @@ describe("terminate and remove whose intent cannot be persisted", () => {
     expect(env.docker.count("stopContainer")).toBe(0);
     // The reconciler has nothing to act on: the container keeps running.
     await env.reconciler.tick();
-    expect(env.docker.mustFind(task.containerId).state).toBe("running");
+    expect(env.docker.mustFind(task.containerId!).state).toBe("running");
     expect(env.ctx.gpuLock.lockedIds()).toEqual(task.gpuIds);
 
     const after = await env.runner.terminate(task.id, 0, "terminated_by_user", "later");
@@ -117,7 +117,7 @@ describe("exits while storage is degraded", () => {
     const task = await env.submitAndStart({ gpu: 1 });
     const release = vi.spyOn(env.ctx.gpuLock, "release");
     armFailpoints("durable-write:task-state=error(EIO)");
-    env.docker.exit(task.containerId, 3, { logs: ["boom"] });
+    env.docker.exit(task.containerId!, 3, { logs: ["boom"] });
     await env.reconciler.tick();
     expect(env.ctx.store.mustGet(task.id)).toMatchObject({
       status: "terminated",
@@ -150,7 +150,7 @@ describe("exits while storage is degraded", () => {
     await env.runner.awaitStarts();
     const running = env.ctx.store.mustGet(task.id);
     expect(running.status).toBe("running");
-    expect(env.docker.mustFind(running.containerId).state).toBe("running");
+    expect(env.docker.mustFind(running.containerId!).state).toBe("running");
     expect(readState(task.taskDir).status).toBe("pending");
     armFailpoints(undefined);
     expect(await env.runner.catchUpStorage()).toBe(true);
@@ -160,7 +160,7 @@ describe("exits while storage is degraded", () => {
   it("the health probe clears the degraded state only after the catch-up wrote everything", async () => {
     const task = await env.submitAndStart();
     armFailpoints("durable-write:task-state=error(ENOSPC)");
-    env.docker.exit(task.containerId, 0);
+    env.docker.exit(task.containerId!, 0);
     await env.reconciler.tick();
     expect(env.ctx.storage?.degraded).toBe(true);
     armFailpoints(undefined);

@@ -4,6 +4,7 @@ import { writeTaskState } from "../state/task-state-file.js";
 import type { Task, TaskDraft } from "../tasks/task.js";
 import type { TaskStore } from "../tasks/task-store.js";
 import { failpoint } from "./failpoints.js";
+import { errorMessage } from "../errors/error-message.js";
 
 /** Writing a task's state file failed: the change it carried is not durable. */
 export class TaskPersistError extends Error {
@@ -121,7 +122,7 @@ export class TaskPersister {
       this.unsynced.add(task.id);
       if (isStorageError(cause)) this.health?.markFailed(cause);
       this.log.error({ taskId: task.id, err: cause }, "failed to persist task state");
-      throw new TaskPersistError(`failed to persist state of task ${task.id}: ${(cause as Error).message}`, {
+      throw new TaskPersistError(`failed to persist state of task ${task.id}: ${errorMessage(cause)}`, {
         cause,
       });
     }

@@ -144,7 +144,7 @@ describe("TaskRunner.start", () => {
       return task;
     });
     const task = await env.submitAndStart({ command: ["true"] });
-    env.docker.exit(task.containerId, 0);
+    env.docker.exit(task.containerId!, 0);
     await env.reconciler.tick();
     expect(seen).toEqual([
       ["running", "running"],
@@ -279,7 +279,7 @@ describe("TaskRunner.start", () => {
     const task = env.ctx.store.mustGet(config.id);
     expect(task.status).toBe("terminated");
     expect(task.terminationReason).toBe("creating_container_error");
-    expect(task.containerId).toBe("");
+    expect(task.containerId).toBeUndefined();
     expect(env.docker.count("startContainer")).toBe(0);
     expect(env.docker.count("stopContainer")).toBe(0);
     expect(env.docker.mustFind(foreign.id).state).toBe("running");
@@ -296,7 +296,7 @@ describe("TaskRunner.start", () => {
     expect(task.terminationReason).toBe("container_exited_with_error");
     expect(task.terminationMessage).toBe("exec /bin/sh: no such file or directory");
     // It has a container: the reconciler cleans up.
-    expect(task.containerId).not.toBe("");
+    expect(task.containerId).toEqual(expect.any(String));
     await env.reconciler.tick();
     expect(env.ctx.store.mustGet(task.id).cleanedUp).toBe(true);
     expect(env.ctx.gpuLock.lockedIds()).toEqual([]);
@@ -400,7 +400,7 @@ describe("TaskRunner.terminate", () => {
     // One release call: a second one returning [] would not show in the released ids.
     expect(release).toHaveBeenCalledTimes(1);
     expect(releasedIds(release)).toEqual(task.gpuIds);
-    expect(env.docker.mustFind(task.containerId).state).toBe("exited");
+    expect(env.docker.mustFind(task.containerId!).state).toBe("exited");
     expect(env.docker.callsOf("stopContainer").map((call) => call.args)).toEqual([[task.containerId, 10]]);
   });
 
@@ -420,7 +420,7 @@ describe("TaskRunner.terminate", () => {
     expect(env.ctx.store.mustGet(task.id)).toMatchObject({ status: "terminated", cleanedUp: false });
     expect(readState(task.taskDir).termination_reason).toBe("terminated_by_user");
     await env.reconciler.tick();
-    expect(env.docker.mustFind(task.containerId).state).toBe("exited");
+    expect(env.docker.mustFind(task.containerId!).state).toBe("exited");
     expect(env.ctx.store.mustGet(task.id)).toMatchObject({
       cleanedUp: true,
       terminationReason: "terminated_by_user",
@@ -436,7 +436,7 @@ describe("TaskRunner.remove", () => {
     expect(error).toBeInstanceOf(TaskStateError);
     expect((error as Error).message).toBe(`cannot remove task ${task.id} with running status`);
     expect(env.ctx.store.get(task.id)?.status).toBe("running");
-    expect(env.docker.mustFind(task.containerId).state).toBe("running");
+    expect(env.docker.mustFind(task.containerId!).state).toBe("running");
     expect(env.docker.count("removeContainer")).toBe(0);
   });
 
@@ -458,7 +458,7 @@ describe("TaskRunner.remove", () => {
     expect(reacquired).toEqual(BOTH_GPUS);
     expect(env.ctx.gpuLock.lockedIds()).toEqual(BOTH_GPUS);
     expect(releasedIds(release)).toEqual(BOTH_GPUS);
-    expect(env.docker.find(task.containerId)).toBeUndefined();
+    expect(env.docker.find(task.containerId!)).toBeUndefined();
     expect(env.ctx.store.get(task.id)).toBeUndefined();
     expect(existsSync(task.taskDir)).toBe(false);
   });

@@ -13,7 +13,7 @@ import {
 } from "../docker/image-ref.js";
 import { consumePullStream, PullTracker } from "../docker/pull-progress.js";
 import { deadlineSignal } from "../exec/deadline-signal.js";
-import { gpuContainerConfig } from "../host/gpu-inventory.js";
+import { gpuContainerConfig } from "../docker/gpu-devices.js";
 import { isStorageError, StorageUnavailableError } from "../state/storage-health.js";
 import { TaskDirs } from "../state/task-dirs.js";
 import { newTask, type Task, type TaskDraft } from "../tasks/task.js";
@@ -31,6 +31,7 @@ import {
 } from "./registry-auth-file.js";
 import { TaskPersistError, TaskPersister } from "./task-persister.js";
 import { logExpected } from "../logging/log-fields.js";
+import { errorMessage } from "../errors/error-message.js";
 
 /** A submit reused an id with a different config. */
 export class TaskConflictError extends Error {
@@ -54,6 +55,24 @@ class StartStepError extends Error {
     options?: ErrorOptions,
   ) {
     super(message, options);
+  }
+}
+
+/**
+ * Runs one step of a start. Its failure terminates the task with `reason` and the message
+ * `<what> error: <the cause's message>` (dstack-shim's wording), or the cause's message alone
+ * when `what` is undefined.
+ */
+async function startStep<T>(
+  reason: TerminationReason,
+  what: string | undefined,
+  run: () => T | Promise<T>,
+): Promise<T> {
+  try {
+    return await run();
+  } catch (cause) {
+    const message = what === undefined ? errorMessage(cause) : `${what} error: ${errorMessage(cause)}`;
+    throw new StartStepError(reason, message, { cause });
   }
 }
 
@@ -212,7 +231,7 @@ export class TaskRunner {
           this.ctx.storage?.markFailed(storageCause);
           throw new StorageUnavailableError(storageCause);
         }
-        throw new TaskOperationError(`failed to create task ${config.id}: ${(cause as Error).message}`, {
+        throw new TaskOperationError(`failed to create task ${config.id}: ${errorMessage(cause)}`, {
           cause,
         });
       }
@@ -314,10 +333,10 @@ export class TaskRunner {
       started = true;
     } catch (error) {
       if (error instanceof StartAbandoned || error instanceof TaskNotFoundError) {
-        log.info({ taskId: id, why: (error as Error).message }, "start abandoned");
+        log.info({ taskId: id, why: errorMessage(error) }, "start abandoned");
       } else {
         const reason = error instanceof StartStepError ? error.reason : "executor_error";
-        const message = (error as Error).message;
+        const message = errorMessage(error);
         logExpected(log, "warn", { taskId: id, reason }, error, "task failed to start");
         if (store.get(id)?.status !== "terminated") this.ctx.observer?.taskFinalized(reason);
         await this.commit(id, (d) => {
@@ -337,7 +356,7 @@ export class TaskRunner {
     if (!task) return;
     await this.commit(id, (d) => (d.startInFlight = false)).catch(() => undefined);
     // With a container, the reconciler owns the rest (it may have to stop it first).
-    if (task.containerId === "" && task.status === "terminated") {
+    if (task.containerId === undefined && task.status === "terminated") {
       await this.ctx.store
         .withLock(id, () => this.release(id))
         .catch((error: unknown) => {
@@ -351,12 +370,7 @@ export class TaskRunner {
     const task = this.ctx.store.mustGet(id);
     const config = task.config;
     if (config.gpu !== 0 && task.gpuIds.length === 0) {
-      let ids: string[];
-      try {
-        ids = gpuLock.acquire(config.gpu);
-      } catch (cause) {
-        throw new StartStepError("executor_error", (cause as Error).message, { cause });
-      }
+      const ids = await startStep("executor_error", undefined, () => gpuLock.acquire(config.gpu));
       await failpoint("after-gpu-acquire");
       // Committed at once, so a concurrent terminate or a failure releases exactly these.
       try {
@@ -378,53 +392,23 @@ export class TaskRunner {
       }
       await failpoint("after-keys-write");
     }
-    try {
-      await volumes.prepareVolumes(
+    await startStep("executor_error", "prepareVolumes", () =>
+      volumes.prepareVolumes(
         config.volumes,
         (index) => failpoint(`after-volume-mount:${index + 1}`) ?? Promise.resolve(),
-      );
-    } catch (cause) {
-      throw new StartStepError("executor_error", `prepareVolumes error: ${(cause as Error).message}`, {
-        cause,
-      });
-    }
-    try {
-      await volumes.prepareInstanceMounts(config.instance_mounts);
-    } catch (cause) {
-      throw new StartStepError(
-        "executor_error",
-        `prepareInstanceMountPoints error: ${(cause as Error).message}`,
-        {
-          cause,
-        },
-      );
-    }
+      ),
+    );
+    await startStep("executor_error", "prepareInstanceMountPoints", () =>
+      volumes.prepareInstanceMounts(config.instance_mounts),
+    );
   }
 
   private async pull(id: string): Promise<void> {
     const { docker, store, log } = this.ctx;
     const task = store.mustGet(id);
-    let pullRef: string;
-    let auth: PullAuth | undefined;
-    try {
-      const ref = parseImageReference(task.config.image_name);
-      pullRef = formatPullReference(ref);
-      if (!isLatestOrUntagged(ref) && (await this.imagePresent(pullRef))) {
-        log.debug({ taskId: id, image: pullRef }, "image present, pull skipped");
-        return;
-      }
-      const creds = await readRegistryAuth(task.taskDir);
-      if (creds)
-        auth = {
-          username: creds.username,
-          password: creds.password,
-          serveraddress: registryServerAddress(ref),
-        };
-    } catch (cause) {
-      throw new StartStepError("creating_container_error", `pullImage error: ${(cause as Error).message}`, {
-        cause,
-      });
-    }
+    const request = await startStep("creating_container_error", "pullImage", () => this.pullRequest(task));
+    if (request === undefined) return;
+    const { pullRef, auth } = request;
 
     const controller = new AbortController();
     this.pulls.set(id, controller);
@@ -452,12 +436,12 @@ export class TaskRunner {
           if (now - lastUpdate >= 100) {
             lastUpdate = now;
             const progress = tracker.progress();
-            if (store.get(id)) store.modify(id, (d) => (d.pullProgress = progress));
+            if (progress && store.get(id)) store.modify(id, (d) => (d.pullProgress = progress));
           }
         },
       });
       const pulled = tracker.progress();
-      if (store.get(id)) store.modify(id, (d) => (d.pullProgress = pulled));
+      if (pulled && store.get(id)) store.modify(id, (d) => (d.pullProgress = pulled));
       if (pulled) this.ctx.observer?.pulledBytes(pulled.downloaded_bytes);
       log.info({ taskId: id, image: pullRef }, "image pulled");
     } catch (cause) {
@@ -468,7 +452,7 @@ export class TaskRunner {
         : "";
       throw new StartStepError(
         "creating_container_error",
-        `pullImage error: failed pulling ${pullRef}${detail}: ${(cause as Error).message}`,
+        `pullImage error: failed pulling ${pullRef}${detail}: ${errorMessage(cause)}`,
         { cause },
       );
     } finally {
@@ -477,6 +461,28 @@ export class TaskRunner {
       this.pulls.delete(id);
       await new Promise<void>((resolve) => pullLog.end(resolve));
     }
+  }
+
+  /**
+   * What to pull for a task: its reference and the stored registry credentials, or `undefined`
+   * when a pinned image (not `latest` or untagged) is already present.
+   */
+  private async pullRequest(
+    task: Task,
+  ): Promise<{ pullRef: string; auth: PullAuth | undefined } | undefined> {
+    const ref = parseImageReference(task.config.image_name);
+    const pullRef = formatPullReference(ref);
+    if (!isLatestOrUntagged(ref) && (await this.imagePresent(pullRef))) {
+      this.ctx.log.debug({ taskId: task.id, image: pullRef }, "image present, pull skipped");
+      return undefined;
+    }
+    const creds = await readRegistryAuth(task.taskDir);
+    const auth = creds && {
+      username: creds.username,
+      password: creds.password,
+      serveraddress: registryServerAddress(ref),
+    };
+    return { pullRef, auth };
   }
 
   /**
@@ -504,7 +510,7 @@ export class TaskRunner {
       if (task.status === "terminated") throw new StartAbandoned("task terminated");
       // A task that never recorded a container is not looked up first: if a start cut by a
       // restart did create one, the create below answers 409 and that container is adopted.
-      const existing = task.containerId !== "" ? await this.findOwnContainer(task) : undefined;
+      const existing = task.containerId !== undefined ? await this.findOwnContainer(task) : undefined;
       let containerId = existing?.id ?? "";
       // Only a container that never ran is started: one that runs or ran already (its start
       // request landed after a restart) is adopted as it is, and the reconciler takes it from there.
@@ -534,7 +540,7 @@ export class TaskRunner {
           if (containerId === "") {
             throw new StartStepError(
               "creating_container_error",
-              `createContainer error: ${(cause as Error).message}`,
+              `createContainer error: ${errorMessage(cause)}`,
               {
                 cause,
               },
@@ -551,12 +557,12 @@ export class TaskRunner {
         const logs = await docker.containerLogTail(containerId, LAST_LOG_LINES).catch(() => []);
         throw new StartStepError(
           "container_exited_with_error",
-          logs.length > 0 ? logs.join("\n") : `startContainer error: ${(cause as Error).message}`,
+          logs.length > 0 ? logs.join("\n") : `startContainer error: ${errorMessage(cause)}`,
           { cause },
         );
       }
       await failpoint("after-start-before-persist");
-      let ports: Task["ports"] = [];
+      let ports: NonNullable<Task["ports"]> = [];
       if (task.config.network_mode === "bridge") {
         ports = (await docker.inspectContainer(containerId).catch(() => undefined))?.ports ?? [];
       }
@@ -574,7 +580,7 @@ export class TaskRunner {
 
   /** A container of this task that already exists (by name, with our task label). */
   private async findOwnContainer(task: Task): Promise<{ id: string; state: ContainerState } | undefined> {
-    const candidate = await this.ctx.docker.inspectContainer(task.containerId || task.containerName);
+    const candidate = await this.ctx.docker.inspectContainer(task.containerId ?? task.containerName);
     if (!candidate) return undefined;
     if (candidate.taskId !== task.id) {
       throw new StartStepError(
@@ -642,13 +648,11 @@ export class TaskRunner {
     store.modify(id, (d) => (d.cleanedUp = true));
     const problems: string[] = [];
     await deleteRegistryAuth(task.taskDir);
-    await volumes
-      .unmountVolumes(task.config.volumes)
-      .catch((e: unknown) => problems.push((e as Error).message));
+    await volumes.unmountVolumes(task.config.volumes).catch((e: unknown) => problems.push(errorMessage(e)));
     await failpoint("mid-release:volumes");
     if (task.config.host_ssh_keys.length > 0 && task.config.host_ssh_user !== "") {
       await this.reconcileHostKeys([task.config.host_ssh_user]).catch((e: unknown) =>
-        problems.push((e as Error).message),
+        problems.push(errorMessage(e)),
       );
     }
     await failpoint("mid-release:keys");
@@ -694,11 +698,11 @@ export class TaskRunner {
       this.pulls.get(id)?.abort(new Error(`terminated: ${reason}`));
       // A repeated terminate of a stopped container (exit code known) has nothing to stop.
       const alreadyStopped = before.status === "terminated" && before.exitCode !== undefined;
-      if (task.containerId !== "" && !alreadyStopped) {
+      if (task.containerId !== undefined && !alreadyStopped) {
         try {
           await docker.stopContainer(task.containerId, timeoutSeconds);
         } catch (cause) {
-          throw new TaskOperationError(`failed to stop container: ${(cause as Error).message}`, { cause });
+          throw new TaskOperationError(`failed to stop container: ${errorMessage(cause)}`, { cause });
         }
         await failpoint("after-stop-before-persist");
         const details = await docker.inspectContainer(task.containerId).catch(() => undefined);
@@ -731,10 +735,10 @@ export class TaskRunner {
       // follow would answer 200 and bring the task back at the next start.
       await this.commitDurably(id, () => undefined);
       try {
-        const target = task.containerId || (await this.ownContainerIdByName(task));
+        const target = task.containerId ?? (await this.ownContainerIdByName(task));
         if (target !== "") await docker.removeContainer(target);
       } catch (cause) {
-        throw new TaskOperationError(`failed to remove container task=${id}: ${(cause as Error).message}`, {
+        throw new TaskOperationError(`failed to remove container task=${id}: ${errorMessage(cause)}`, {
           cause,
         });
       }

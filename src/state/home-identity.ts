@@ -2,6 +2,7 @@ import { randomUUID } from "node:crypto";
 import { readFile } from "node:fs/promises";
 import { join } from "node:path";
 import { writeFileDurably } from "./durable-write.js";
+import { errorMessage } from "../errors/error-message.js";
 
 /** The file in the home that holds its identity (the owner label of its containers). */
 export const HOME_ID_FILE = ".taskshim-home-id";
@@ -28,7 +29,7 @@ export async function loadHomeIdentity(home: string): Promise<string> {
     text = await readFile(path, "utf8");
   } catch (error) {
     if ((error as NodeJS.ErrnoException).code !== "ENOENT") {
-      throw new HomeIdentityError(`cannot read the home identity ${path}: ${(error as Error).message}`, {
+      throw new HomeIdentityError(`cannot read the home identity ${path}: ${errorMessage(error)}`, {
         cause: error,
       });
     }

@@ -1,4 +1,5 @@
 import * as realFs from "node:fs";
+import { errorMessage } from "../errors/error-message.js";
 
 /** The synchronous file calls the sink makes; a port so tests can make them fail. */
 export type LogFileOps = Pick<
@@ -44,7 +45,7 @@ function writeStderr(line: string): void {
 
 /** `ENOSPC: no space left on device` from a Node file-system error (without the syscall and path). */
 export function describeFsError(error: unknown): string {
-  const message = error instanceof Error ? error.message : String(error);
+  const message = errorMessage(error);
   const code = (error as NodeJS.ErrnoException | undefined)?.code;
   const match = /^([A-Z][A-Z0-9]+): ([^,]*)/.exec(message);
   if (match) return `${match[1]}: ${match[2]}`;

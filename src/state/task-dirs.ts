@@ -52,7 +52,7 @@ export class TaskDirs {
     return join(taskDir, RUNNER_SUBDIR);
   }
 
-  /** Creates (idempotently) the task dir and its runner subdir, durably. */
+  /** Creates (idempotently) the task dir and its dstack-runner subdir, durably. */
   async make(containerName: string): Promise<string> {
     const dir = this.dirFor(containerName);
     await mkdir(this.root, { recursive: true, mode: 0o755 });

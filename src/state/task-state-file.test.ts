@@ -57,7 +57,6 @@ function makeTask(overrides: Partial<Task> = {}): Task {
     containerId: "0123456789abcdef",
     ports: [{ host: 32768, container: 10022 }],
     gpuIds: ["GPU-a", "GPU-b"],
-    pullProgress: null,
     taskDir: "/somewhere",
     cleanedUp: false,
     startInFlight: false,

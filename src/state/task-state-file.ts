@@ -5,6 +5,7 @@ import { parseTaskConfig, type TaskConfig } from "../tasks/task-config.js";
 import { TASK_STATUSES, type TaskStatus } from "../tasks/task-status.js";
 import { isTerminationReason, type TerminationReason } from "../tasks/termination-reason.js";
 import { writeFileDurably } from "./durable-write.js";
+import { errorMessage } from "../errors/error-message.js";
 
 /** The state file's name inside a task dir (the same as dstack-shim's). */
 export const TASK_STATE_FILE = "task.json";
@@ -113,7 +114,7 @@ export function decodeTaskState(text: string): TaskState {
   try {
     config = parseTaskConfig(raw.config).config;
   } catch (cause) {
-    throw new CorruptTaskStateError(`task state has an invalid config: ${(cause as Error).message}`, {
+    throw new CorruptTaskStateError(`task state has an invalid config: ${errorMessage(cause)}`, {
       cause,
     });
   }

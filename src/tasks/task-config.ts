@@ -4,6 +4,7 @@ import Value from "typebox/value";
 import { parseImageReference } from "../docker/image-ref.js";
 import { canonicalizePublicKey } from "../host/ssh-public-key.js";
 import type { VolumeInfo } from "../host/volumes.js";
+import { errorMessage } from "../errors/error-message.js";
 
 /*
  * The submit body (dstack-shim `TaskConfig`), decoded with Go's forgiving semantics — unknown
@@ -165,7 +166,7 @@ export function parseTaskConfig(body: unknown): { config: TaskConfig; auth: Regi
   try {
     parseImageReference(image);
   } catch (cause) {
-    throw new InvalidTaskConfigError(`invalid image_name: ${(cause as Error).message}`, { cause });
+    throw new InvalidTaskConfigError(`invalid image_name: ${errorMessage(cause)}`, { cause });
   }
 
   const gpu = raw.gpu ?? 0;
@@ -271,7 +272,7 @@ function sshKeyText(key: string, field: string): string {
     // Rejects options, several keys in one entry, and anything that is not a public key.
     canonicalizePublicKey(key);
   } catch (cause) {
-    throw new InvalidTaskConfigError(`invalid key in ${field}: ${(cause as Error).message}`, { cause });
+    throw new InvalidTaskConfigError(`invalid key in ${field}: ${errorMessage(cause)}`, { cause });
   }
   return key.trim();
 }

@@ -13,10 +13,7 @@ function makeTask(id: string, status: TaskStatus = "pending"): Task {
     terminationMessage: "",
     config,
     containerName: `job-0-0-${id}`,
-    containerId: "",
-    ports: null,
     gpuIds: [],
-    pullProgress: null,
     taskDir: "",
     cleanedUp: false,
     startInFlight: false,
@@ -177,7 +174,7 @@ describe("TaskStore.modify: transitions", () => {
       `${from} -> ${to} transition not allowed`,
     );
     expect(store.mustGet("t1")).toBe(before);
-    expect(store.mustGet("t1").containerId).toBe("");
+    expect(store.mustGet("t1").containerId).toBeUndefined();
   });
 
   it("checks transitions only when the status changes", () => {
@@ -216,7 +213,7 @@ describe("TaskStore.modify: transitions", () => {
       d.containerId = "abc";
     });
     expect(before.status).toBe("creating");
-    expect(before.containerId).toBe("");
+    expect(before.containerId).toBeUndefined();
     expect(after).not.toBe(before);
     expect(Object.isFrozen(after)).toBe(true);
     expect(store.mustGet("t1")).toBe(after);

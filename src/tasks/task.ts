@@ -8,6 +8,10 @@ import type { TerminationReason } from "./termination-reason.js";
 /**
  * A task as the shim holds it in memory: a cache rebuilt at startup from Docker (containers)
  * and task.json (intent and cleanup inputs).
+ *
+ * What is not known yet is absent (an optional field), never `""` or `null`; `null` is a value
+ * of its own: the exit code that can never be known. The wire view (`api/wire.ts`) turns absent
+ * fields into dstack's `""` and `null`.
  */
 export interface Task {
   readonly id: string;
@@ -17,13 +21,14 @@ export interface Task {
   readonly terminationMessage: string;
   readonly config: TaskConfig;
   readonly containerName: string;
-  /** "" until the container is created (or adopted). */
-  readonly containerId: string;
-  /** null until the container is started. */
-  readonly ports: readonly PortMapping[] | null;
+  /** Absent until the container is created (or adopted). */
+  readonly containerId?: string;
+  /** Absent until the container is started (`[]` in host network mode). */
+  readonly ports?: readonly PortMapping[];
   /** GPUs this task locked itself (and so may release). */
   readonly gpuIds: readonly string[];
-  readonly pullProgress: ImagePullProgress | null;
+  /** Absent until the pull reports its first layer. */
+  readonly pullProgress?: ImagePullProgress;
   /** The private task dir; "" until created. */
   readonly taskDir: string;
   /** The task's resources have been released (committed before the release runs). */
@@ -36,7 +41,10 @@ export interface Task {
   readonly startedAt?: number;
   /** When it became `terminated` (epoch ms): the container's own finish time when it exited. */
   readonly finishedAt?: number;
-  /** The container's exit code once known; null when it can never be known (container vanished). */
+  /**
+   * The container's exit code; absent until read, null when it can never be known (the container
+   * vanished or never started).
+   */
   readonly exitCode?: number | null;
   /**
    * Its task.json has a newer format than this shim understands: shown read-only, never
@@ -64,10 +72,7 @@ export function newTask(config: TaskConfig): Task {
     terminationMessage: "",
     config,
     containerName: containerNameFor(config.name, config.id),
-    containerId: "",
-    ports: null,
     gpuIds: [],
-    pullProgress: null,
     taskDir: "",
     cleanedUp: false,
     startInFlight: false,

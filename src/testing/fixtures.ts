@@ -1,7 +1,8 @@
 /* Ready-made inputs for unit tests: GPUs, SSH keys, submit bodies and task configs. */
 import { generateKeyPairSync } from "node:crypto";
 import type { ContainerDetails } from "../docker/docker-client.js";
-import { gpuContainerConfig, type GpuInventory } from "../host/gpu-inventory.js";
+import { gpuContainerConfig } from "../docker/gpu-devices.js";
+import type { GpuInventory } from "../host/gpu-inventory.js";
 import { parseTaskConfig, type RegistryAuth, type TaskConfig } from "../tasks/task-config.js";
 
 /** Two AMD-style GPUs (render nodes as resource ids), as a fixture would give. */
