@@ -74,7 +74,8 @@ export const OPERATIONS: Readonly<Record<string, OperationDoc>> = {
     statuses: {
       "400": "tail is not an integer from 1 to 10000",
       "404": "No such task",
-      "500": "The logs could not be read",
+      "410": "The task's container is gone (removed)",
+      "500": "The logs could not be read (the engine did not answer)",
     },
     okType: "text/plain",
   },

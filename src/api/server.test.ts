@@ -215,6 +215,39 @@ describe("GET endpoints", () => {
   });
 });
 
+describe("GET /api/tasks/:id/logs", () => {
+  const logs = (taskId: string, query = "") =>
+    app.inject({ method: "GET", url: `/api/tasks/${taskId}/logs${query}` });
+
+  it("answers the last `tail` lines as text, one per line with a trailing newline", async () => {
+    const taskId = await submitRunning();
+    const { containerId } = env.ctx.store.mustGet(taskId);
+    env.docker.mustFind(containerId!).logs.push("one", "two", "three");
+    const res = await logs(taskId, "?tail=2");
+    expect([res.statusCode, res.headers["content-type"], res.body]).toEqual([
+      200,
+      "text/plain; charset=utf-8",
+      "two\nthree\n",
+    ]);
+  });
+
+  it("rejects a tail outside 1..10000 with 400", async () => {
+    const taskId = await submitRunning();
+    for (const tail of ["0", "10001", "-1", "1.5", "x"]) {
+      expectTextError(await logs(taskId, `?tail=${tail}`), 400, "tail must be an integer from 1 to 10000\n");
+    }
+  });
+
+  it("answers 410 for a task whose container is gone, 500 when the engine fails", async () => {
+    const taskId = await submitRunning();
+    const { containerId } = env.ctx.store.mustGet(taskId);
+    env.docker.failNext("containerLogTail", new Error("engine timed out"));
+    expectTextError(await logs(taskId), 500, "internal error: failed to read logs: engine timed out\n");
+    env.docker.remove(containerId!);
+    expectTextError(await logs(taskId), 410, `task ${taskId}: its container is gone\n`);
+  });
+});
+
 describe("request body decoding", () => {
   it("rejects a Content-Type other than application/json with 415", async () => {
     const res = await post("/api/tasks", JSON.stringify(taskBody()), { "content-type": "text/plain" });

@@ -7,6 +7,7 @@ import type { Static, TSchema } from "typebox";
 import type { Logger } from "pino";
 import { ComponentRequestError, type ComponentService } from "../components/component-service.js";
 import type { DockerClient } from "../docker/docker-client.js";
+import { DockerNotFoundError } from "../docker/docker-errors.js";
 import type { GpuInventory } from "../host/gpu-inventory.js";
 import type { Reconciler } from "../runner/reconciler.js";
 import { StorageUnavailableError, type StorageHealth } from "../state/storage-health.js";
@@ -329,6 +330,10 @@ export function buildApi(deps: ApiDeps) {
           task.containerId === undefined
             ? []
             : await deps.docker.containerLogTail(task.containerId, tail).catch((cause: unknown) => {
+                // Removed (by a remove, or from outside): nothing left to read, and no fault of ours.
+                if (cause instanceof DockerNotFoundError) {
+                  throw new HttpError(410, `task ${task.id}: its container is gone`, { cause });
+                }
                 throw new TaskOperationError(`failed to read logs: ${errorMessage(cause)}`, { cause });
               });
         return reply
