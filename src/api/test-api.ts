@@ -4,6 +4,7 @@ import { ComponentService } from "../components/component-service.js";
 import type { CommandRunner } from "../exec/run-bounded.js";
 import { FakeCommandRunner, type TestEnv } from "../runner/test-support.js";
 import { VERSION } from "../version.js";
+import type { DrainTimes } from "./connection-drain.js";
 import { ShimMetrics } from "./metrics.js";
 import { buildApi } from "./server.js";
 
@@ -15,6 +16,8 @@ export interface TestApiOptions {
   readonly authToken?: string;
   /** Leave the runner binary out (default: an empty file stands in for it). */
   readonly withoutRunner?: boolean;
+  /** How long `close()` keeps open connections (default: the shim's). */
+  readonly drainTimes?: DrainTimes;
 }
 
 /** The real HTTP edge over a test context (fake engine, temp home): what the API tests inject into. */
@@ -43,5 +46,6 @@ export function buildTestApi(env: TestEnv, options: TestApiOptions = {}): Return
     ...(env.ctx.storage ? { storage: env.ctx.storage } : {}),
     requestShutdown: options.requestShutdown ?? (() => undefined),
     ...(options.authToken !== undefined ? { authToken: options.authToken } : {}),
+    ...(options.drainTimes ? { drainTimes: options.drainTimes } : {}),
   });
 }

@@ -347,8 +347,11 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
       stopping = (async () => {
         shutdownController.abort(new Error("shim shutting down"));
         runner.cancelPulls();
-        await app.close();
-        await Promise.allSettled([loop, events, probing, checked, runner.awaitStarts(), components.settle()]);
+        // The API drains its open connections (up to DRAIN_TIMES) while the background jobs stop.
+        await Promise.all([
+          app.close(),
+          Promise.allSettled([loop, events, probing, checked, runner.awaitStarts(), components.settle()]),
+        ]);
         stopHomeWatch();
         await lock.release();
         log.info("shutdown complete");
