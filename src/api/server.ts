@@ -220,7 +220,8 @@ export function buildApi(deps: ApiDeps) {
       handler: (request, reply) => {
         const b = body(request, ShutdownBody);
         deps.requestShutdown(b.force === true);
-        return sendText(reply, 200, "");
+        // Its connection is not kept: the drain would otherwise hold it open, idle, for its grace.
+        return sendText(reply.header("connection", "close"), 200, "");
       },
     },
     {

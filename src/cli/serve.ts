@@ -270,8 +270,9 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
     metrics.quarantined.set({ kind: "corrupt" }, report.quarantined.length);
     metrics.quarantined.set({ kind: "newer-format" }, report.skippedNewer.length);
 
-    // Exits that happened while the shim was down are final before the first request.
-    await reconciler.tick();
+    // Exits that happened while the shim was down are final before the first request. The
+    // restore's list, just taken, shows them: a second list would cost a round trip for nothing.
+    await reconciler.tick(report.listed);
     // After the tick: tasks that ended while the shim was down no longer claim their keys.
     await runner.reconcileHostKeys().catch((error: unknown) => {
       log.error({ err: error }, "host keys reconcile at startup failed");
