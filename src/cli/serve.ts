@@ -10,6 +10,7 @@ import { ComponentService } from "../components/component-service.js";
 import { redactUrl, redactUrlsIn } from "../components/redact-url.js";
 import { ConfigError, containerParamsOf, type ShimConfig } from "../config/shim-config.js";
 import { DockerodeClient } from "../docker/dockerode-client.js";
+import { onPath } from "../exec/on-path.js";
 import { BoundedCommandRunner } from "../exec/run-bounded.js";
 import { AuthorizedKeys, HostKeysReconciler, passwdUserLookup } from "../host/authorized-keys.js";
 import { detectGpus } from "../host/gpu-inventory.js";
@@ -196,6 +197,14 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
     metrics.logLinesDropped.inc(logFile.state().droppedLines);
     logFile.onDropped = (lines) => metrics.logLinesDropped.inc(lines);
     const docker = DockerodeClient.fromEnv(process.env.DOCKER_HOST, metrics.countEngineCall);
+    const commands = new BoundedCommandRunner(interruption.signal);
+    // GPU detection (vendor tools, when installed) runs while the engine answers its ping.
+    const detecting = detectGpus(commands, {
+      ...(config.gpuFixture ? { fixturePath: config.gpuFixture } : {}),
+      log: (msg, fields) => log.warn(fields ?? {}, msg),
+      installed: (tool) => onPath(tool),
+    });
+    detecting.catch(() => undefined); // awaited below; a ping failure must not leave it unhandled
     try {
       await docker.ping();
     } catch (error) {
@@ -204,11 +213,7 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
         { cause: error },
       );
     }
-    const commands = new BoundedCommandRunner(interruption.signal);
-    const inventory = await detectGpus(commands, {
-      ...(config.gpuFixture ? { fixturePath: config.gpuFixture } : {}),
-      log: (msg, fields) => log.warn(fields ?? {}, msg),
-    });
+    const inventory = await detecting;
     const params = containerParamsOf(config);
     // Bound below, once the runner exists: what a degraded home could not take is written when
     // the probe finds it writable again.
