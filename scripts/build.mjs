@@ -37,6 +37,38 @@ module.exports = new Proxy({}, { get: (_, name) => (name === "__esModule" ? fals
   },
 };
 
+// fastify requires node:http2 and node:https at load (for its http2 and https options) and
+// docker-modem and prom-client's pushgateway node:https (for a TLS engine, a pushgateway): the shim
+// serves plain HTTP/1.1 and reaches a local engine, yet loading them costs ~6 MB of idle RSS
+// (OpenSSL's TLS and nghttp2's code and state; BENCHMARKS.md, B6). A dependency's require() of
+// them gets a stand-in that loads the real module on first use; every one of those modules only
+// uses them inside functions. The shim's own code (ESM) imports the real modules.
+const LAZY_BUILTINS = /^(node:)?(http2|https)$/;
+const lazyBuiltins = {
+  name: "lazy-builtins",
+  setup(b) {
+    b.onResolve({ filter: LAZY_BUILTINS }, (args) =>
+      args.importer.includes("/node_modules/") && args.kind === "require-call"
+        ? { path: args.path.replace(/^node:/, ""), namespace: "lazy-builtin" }
+        : undefined,
+    );
+    b.onLoad({ filter: /.*/, namespace: "lazy-builtin" }, (args) => ({
+      contents: `let real;
+const load = () => (real ??= require("node:${args.path}"));
+module.exports = new Proxy({}, {
+  get: (_, key) => load()[key],
+  has: (_, key) => key in load(),
+  ownKeys: () => Reflect.ownKeys(load()),
+  getOwnPropertyDescriptor: (_, key) => {
+    const found = Reflect.getOwnPropertyDescriptor(load(), key);
+    return found && { ...found, configurable: true };
+  },
+});`,
+      loader: "js",
+    }));
+  },
+};
+
 await build({
   entryPoints: ["src/main.ts"],
   outfile: values.outfile,
@@ -45,7 +77,7 @@ await build({
   target: "node26",
   format: "cjs",
   define,
-  plugins: [unusedTransports],
+  plugins: [unusedTransports, lazyBuiltins],
   // The young-generation cap of every launch path (README, deploy/taskshim.service): V8 grows it
   // to 16 MB x 3 after a burst of requests and keeps it, a third of the shim's memory.
   banner: { js: "#!/usr/bin/env -S node --max-semi-space-size=2" },

@@ -21,6 +21,7 @@ import {
 import { InvalidTaskConfigError, parseTaskConfig, TaskSubmitBodySchema } from "../tasks/task-config.js";
 import { TaskNotFoundError, type TaskStore } from "../tasks/task-store.js";
 import { normalizeTerminationReason, type TerminationReason } from "../tasks/termination-reason.js";
+import { ConnectionDrain, DRAIN_TIMES, type DrainTimes } from "./connection-drain.js";
 import { BODY_LIMIT_BYTES, decodeObjectBody, HttpError } from "./http-errors.js";
 import type { ShimMetrics } from "./metrics.js";
 import { openApiDocument, type ApiRoute } from "./openapi.js";
@@ -60,10 +61,17 @@ export interface ApiDeps {
   requestShutdown(force: boolean): void;
   /** Whether the home is still the one the shim started on (the `home` healthcheck field). */
   readonly homeHealth?: () => HomeHealth;
+  /** How long `close()` keeps open connections to answer what arrives on them (default DRAIN_TIMES). */
+  readonly drainTimes?: DrainTimes;
 }
 
 /** An events follower further behind than this is cut off (it reconnects and gets a fresh snapshot). */
 const MAX_EVENT_BACKLOG_BYTES = 1024 * 1024;
+
+/** GET and HEAD: answered from memory, so still answered while the server drains. */
+function isRead(method: string): boolean {
+  return method === "GET" || method === "HEAD";
+}
 
 const ALL_METHODS: HTTPMethods[] = ["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"];
 const MAX_LOG_TAIL = 10_000;
@@ -166,8 +174,13 @@ export function buildApi(deps: ApiDeps) {
     closing = true;
     done();
   });
-  app.addHook("onRequest", async (_request, reply) => {
-    if (closing) await sendText(reply.header("connection", "close"), 503, "shutting down");
+  // While the server drains (below), a read that arrives on a connection the client kept open is
+  // answered as ever, from memory, and its connection then closes: the client's request is not
+  // lost in the restart. Changes and new event streams are refused: the shim is going away.
+  app.addHook("onRequest", async (request, reply) => {
+    if (closing && !(isRead(request.method) && request.routeOptions.url !== "/api/events")) {
+      await sendText(reply.header("connection", "close"), 503, "shutting down");
+    }
   });
 
   // Open event streams end when the server closes, or its close would wait for them forever.
@@ -176,6 +189,11 @@ export function buildApi(deps: ApiDeps) {
     for (const stream of eventStreams) stream.end();
     done();
   });
+  // The last preClose hook: fastify's own close (Node's http.Server#close) would destroy every
+  // connection without a request in progress at once, requests already written by the client
+  // included (connection-drain.ts). By the time it runs, the drain has closed them all.
+  const drain = new ConnectionDrain(app.server);
+  app.addHook("preClose", () => drain.drain(deps.drainTimes ?? DRAIN_TIMES));
 
   const id = (request: FastifyRequest): string => (request.params as { id: string }).id;
   const startedAt = Date.now();
@@ -204,7 +222,8 @@ export function buildApi(deps: ApiDeps) {
       handler: (request, reply) => {
         const b = body(request, ShutdownBody);
         deps.requestShutdown(b.force === true);
-        return sendText(reply, 200, "");
+        // Its connection is not kept: the drain would otherwise hold it open, idle, for its grace.
+        return sendText(reply.header("connection", "close"), 200, "");
       },
     },
     {

@@ -10,6 +10,7 @@ import { ComponentService } from "../components/component-service.js";
 import { redactUrl, redactUrlsIn } from "../components/redact-url.js";
 import { ConfigError, containerParamsOf, type ShimConfig } from "../config/shim-config.js";
 import { DockerodeClient } from "../docker/dockerode-client.js";
+import { onPath } from "../exec/on-path.js";
 import { BoundedCommandRunner } from "../exec/run-bounded.js";
 import { AuthorizedKeys, HostKeysReconciler, passwdUserLookup } from "../host/authorized-keys.js";
 import { detectGpus } from "../host/gpu-inventory.js";
@@ -197,6 +198,14 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
     metrics.logLinesDropped.inc(logFile.state().droppedLines);
     logFile.onDropped = (lines) => metrics.logLinesDropped.inc(lines);
     const docker = DockerodeClient.fromEnv(process.env.DOCKER_HOST, metrics.countEngineCall);
+    const commands = new BoundedCommandRunner(interruption.signal);
+    // GPU detection (vendor tools, when installed) runs while the engine answers its ping.
+    const detecting = detectGpus(commands, {
+      ...(config.gpuFixture ? { fixturePath: config.gpuFixture } : {}),
+      log: (msg, fields) => log.warn(fields ?? {}, msg),
+      installed: (tool) => onPath(tool),
+    });
+    detecting.catch(() => undefined); // awaited below; a ping failure must not leave it unhandled
     try {
       await docker.ping();
     } catch (error) {
@@ -205,11 +214,7 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
         { cause: error },
       );
     }
-    const commands = new BoundedCommandRunner(interruption.signal);
-    const inventory = await detectGpus(commands, {
-      ...(config.gpuFixture ? { fixturePath: config.gpuFixture } : {}),
-      log: (msg, fields) => log.warn(fields ?? {}, msg),
-    });
+    const inventory = await detecting;
     const params = containerParamsOf(config);
     // Bound below, once the TaskRunner exists: what a degraded home could not take is written when
     // the probe finds it writable again.
@@ -271,8 +276,9 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
     metrics.quarantined.set({ kind: "corrupt" }, report.quarantined.length);
     metrics.quarantined.set({ kind: "newer-format" }, report.skippedNewer.length);
 
-    // Exits that happened while the shim was down are final before the first request.
-    await reconciler.tick();
+    // Exits that happened while the shim was down are final before the first request. The
+    // restore's list, just taken, shows them: a second list would cost a round trip for nothing.
+    await reconciler.tick(report.listed);
     // After the tick: tasks that ended while the shim was down no longer claim their keys.
     await runner.reconcileHostKeys().catch((error: unknown) => {
       log.error({ err: error }, "host keys reconcile at startup failed");
@@ -348,8 +354,11 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
       stopping = (async () => {
         shutdownController.abort(new Error("shim shutting down"));
         runner.cancelPulls();
-        await app.close();
-        await Promise.allSettled([loop, events, probing, checked, runner.awaitStarts(), components.settle()]);
+        // The API drains its open connections (up to DRAIN_TIMES) while the background jobs stop.
+        await Promise.all([
+          app.close(),
+          Promise.allSettled([loop, events, probing, checked, runner.awaitStarts(), components.settle()]),
+        ]);
         stopHomeWatch();
         await lock.release();
         log.info("shutdown complete");

@@ -21,6 +21,11 @@ export interface TaskContainerSummary {
   /** The owner label ({@link LABEL_OWNER}); "" when the container has none. */
   readonly owner: string;
   readonly state: ContainerState;
+  /**
+   * Host port bindings (tcp, IPv4) as the list reports them, the same as an inspect's; absent
+   * when the client does not list them (a restore then inspects for them).
+   */
+  readonly ports?: readonly PortMapping[];
 }
 
 /** A host port bound to a container port (bridge mode, 127.0.0.1 only). */

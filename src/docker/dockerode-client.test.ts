@@ -5,7 +5,7 @@ import {
   DockerNotFoundError,
   DockerUnavailableError,
 } from "./docker-errors.js";
-import { demuxLogBuffer, extractPorts, parseEvent, splitLogLines } from "./dockerode-client.js";
+import { demuxLogBuffer, extractPorts, listedPorts, parseEvent, splitLogLines } from "./dockerode-client.js";
 
 function frame(stream: 1 | 2, text: string): Buffer {
   const payload = Buffer.from(text);
@@ -50,6 +50,31 @@ describe("extractPorts", () => {
 
   it("returns [] for no ports", () => {
     expect(extractPorts(null)).toEqual([]);
+  });
+});
+
+describe("listedPorts", () => {
+  it("reads a list's Ports as extractPorts reads the same bindings of an inspect", () => {
+    expect(
+      listedPorts([
+        { IP: "127.0.0.1", PrivatePort: 10999, PublicPort: 32768, Type: "tcp" },
+        { IP: "::1", PrivatePort: 10999, PublicPort: 32768, Type: "tcp" },
+        { IP: "127.0.0.1", PrivatePort: 10022, PublicPort: 32769, Type: "tcp" },
+        { IP: "127.0.0.1", PrivatePort: 53, PublicPort: 32770, Type: "udp" },
+        { PrivatePort: 80, Type: "tcp" },
+      ]),
+    ).toEqual(
+      extractPorts({
+        "10999/tcp": [
+          { HostIp: "127.0.0.1", HostPort: "32768" },
+          { HostIp: "::1", HostPort: "32768" },
+        ],
+        "10022/tcp": [{ HostIp: "127.0.0.1", HostPort: "32769" }],
+        "53/udp": [{ HostIp: "127.0.0.1", HostPort: "32770" }],
+        "80/tcp": null,
+      }),
+    );
+    expect(listedPorts(undefined)).toEqual([]);
   });
 });
 

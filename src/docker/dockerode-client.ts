@@ -121,6 +121,7 @@ export class DockerodeClient implements DockerClient {
       taskId: c.Labels[LABEL_TASK_ID] ?? "",
       owner: c.Labels[LABEL_OWNER] ?? "",
       state: c.State as ContainerState,
+      ports: listedPorts(c.Ports),
     }));
   }
 
@@ -356,6 +357,24 @@ export function splitLogLines(text: string): string[] {
   const lines = text.split(/\r?\n/);
   if (lines.at(-1) === "") lines.pop();
   return lines;
+}
+
+/**
+ * Host port bindings (tcp, IPv4) from a list's `Ports`: the same bindings as an inspect's
+ * NetworkSettings.Ports (one entry per binding, `PublicPort` absent when not published).
+ */
+export function listedPorts(
+  ports:
+    readonly { IP?: string; PrivatePort: number; PublicPort?: number; Type: string }[] | undefined | null,
+): PortMapping[] {
+  const mappings: PortMapping[] = [];
+  for (const port of ports ?? []) {
+    if (port.Type !== "tcp" || port.IP?.includes(":")) continue;
+    const host = Number(port.PublicPort);
+    if (Number.isInteger(host) && host > 0 && Number.isInteger(port.PrivatePort))
+      mappings.push({ host, container: port.PrivatePort });
+  }
+  return mappings.sort((x, y) => x.container - y.container);
 }
 
 /** Host port bindings (tcp, IPv4) from an inspect's NetworkSettings.Ports. */

@@ -145,6 +145,22 @@ describe("detectGpus on a host", () => {
     expectBounded(commands);
   });
 
+  it("runs no tool that is not installed (none: vendor none without a command; amd-smi only: only it)", async () => {
+    const none = new FakeCommands(() => exited(0, NVIDIA_SMI));
+    expect(await detectGpus(none, { installed: () => Promise.resolve(false) })).toEqual({
+      vendor: "none",
+      gpus: [],
+    });
+    expect(none.calls).toHaveLength(0);
+    const amdOnly = new FakeCommands(() => exited(0, "not json"));
+    await detectGpus(amdOnly, {
+      installed: (tool) => Promise.resolve(tool === "amd-smi"),
+      log: () => undefined,
+    });
+    expect(amdOnly.argvs().every((argv) => argv.startsWith("amd-smi"))).toBe(true);
+    expect(amdOnly.calls.length).toBeGreaterThan(0);
+  });
+
   it("falls back to amd-smi and resolves render nodes by BDF", async () => {
     const commands = new FakeCommands((argv) =>
       argv[0] === "nvidia-smi" ? missing() : exited(0, AMD_SMI_ROCM6),

@@ -41,6 +41,12 @@ export interface DetectGpusOptions {
   readonly resolveRenderNode?: (bdf: string) => Promise<string>;
   /** Receives failures of installed tools and GPUs that were found but skipped. */
   readonly log?: (msg: string, fields?: object) => void;
+  /**
+   * Whether a vendor tool is installed; one that is not is not run (the shim passes a PATH
+   * lookup, `exec/on-path.ts`). Absent: every tool is run, and a launch failure means "not
+   * installed".
+   */
+  readonly installed?: (tool: string) => Promise<boolean>;
 }
 
 /** The GPU fixture file is unreadable or invalid. */
@@ -165,10 +171,15 @@ export async function detectGpus(
   options: DetectGpusOptions = {},
 ): Promise<GpuInventory> {
   if (options.fixturePath !== undefined) return loadGpuFixture(options.fixturePath);
-  const nvidia = await probe("nvidia-smi", () => detectNvidia(commands), options.log);
+  const installed = options.installed ?? (() => Promise.resolve(true));
+  // Both looked up at once: on most hosts neither is installed and nothing else is needed.
+  const [hasNvidia, hasAmd] = await Promise.all([installed("nvidia-smi"), installed("amd-smi")]);
+  const nvidia = hasNvidia ? await probe("nvidia-smi", () => detectNvidia(commands), options.log) : [];
   if (nvidia.length > 0) return { vendor: "nvidia", gpus: nvidia };
   const resolve = options.resolveRenderNode ?? resolveRenderNodeByPath;
-  const amd = await probe("amd-smi", () => detectAmd(commands, resolve, options.log), options.log);
+  const amd = hasAmd
+    ? await probe("amd-smi", () => detectAmd(commands, resolve, options.log), options.log)
+    : [];
   if (amd.length > 0) return { vendor: "amd", gpus: amd };
   return { vendor: "none", gpus: [] };
 }

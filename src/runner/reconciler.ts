@@ -86,8 +86,11 @@ export class Reconciler {
     this.wake?.();
   }
 
-  /** One pass: one labelled list, and an inspect only for containers no longer running. */
-  async tick(): Promise<void> {
+  /**
+   * One pass: one labelled list, and an inspect only for containers no longer running.
+   * `listed`: a list taken a moment ago (the restore's, at startup) to use instead of a new one.
+   */
+  async tick(listed?: readonly TaskContainerSummary[]): Promise<void> {
     const started = performance.now();
     this.stats.ticks++;
     try {
@@ -100,9 +103,9 @@ export class Reconciler {
         if (Date.now() - this.lastProbeAt >= IDLE_PROBE_MS) await this.probe();
         return;
       }
-      let containers: TaskContainerSummary[];
+      let containers: readonly TaskContainerSummary[];
       try {
-        containers = await this.ctx.docker.listTaskContainers(this.ctx.shutdown);
+        containers = listed ?? (await this.ctx.docker.listTaskContainers(this.ctx.shutdown));
         this.markUp();
       } catch (error) {
         this.markDown(error as Error);

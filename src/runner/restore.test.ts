@@ -57,6 +57,27 @@ describe("restoreTasks", () => {
     }
   });
 
+  it("on a host without GPUs, restores tasks with their state from the list alone (no inspect), ports included", async () => {
+    const noGpus = { vendor: "none" as const, gpus: [] };
+    const first = await restart({ inventory: noGpus });
+    const task = await first.submitAndStart({});
+    const container = env.docker.containers.get(task.containerId!);
+    if (container) container.ports = [{ host: 32768, container: 10999 }];
+    const next = await restart({ inventory: noGpus });
+    env.docker.resetCalls();
+    await restoreTasks(next.ctx);
+    expect(env.docker.count("inspectContainer")).toBe(0);
+    expect(next.ctx.store.mustGet(task.id)).toMatchObject({
+      status: "running",
+      ports: [{ host: 32768, container: 10999 }],
+    });
+    // With GPUs, which ones a container holds is only in its inspect.
+    const withGpus = await restart();
+    env.docker.resetCalls();
+    await restoreTasks(withGpus.ctx);
+    expect(env.docker.count("inspectContainer")).toBe(1);
+  });
+
   it("finalizes a container that exited while the shim was down, with its real exit code", async () => {
     const task = await env.submitAndStart({ gpu: 1 });
     env.docker.exit(task.containerId!, 42, { logs: ["Traceback", "ValueError: bad input"] });

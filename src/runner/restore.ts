@@ -30,6 +30,8 @@ export interface RestoreReport {
   readonly swept: string[];
   /** Tasks whose status was reconciled to something other than their task.json says: persist them. */
   readonly changed: string[];
+  /** The engine's labelled list the restore was made from (the first reconcile tick reuses it). */
+  readonly listed: readonly TaskContainerSummary[];
 }
 
 const PRE_CONTAINER: readonly TaskStatus[] = ["pending", "preparing", "pulling", "creating"];
@@ -96,9 +98,13 @@ export async function restoreTasks(ctx: RunnerContext): Promise<RestoreReport> {
     byTask.set(container.taskId, container);
   }
 
-  // Inspects (for GPUs and ports) run a few at a time: 200 sequential round trips would hold
-  // the API back for seconds after a restart.
-  const found = [...byTask.values()];
+  // An inspect is made only where the list cannot tell: the GPUs a container holds (its
+  // HostConfig, on a host with GPUs), its start time when task.json has none, its mounts for an
+  // adoption without state, its ports when the client does not list them. On a host without GPUs
+  // a restore of tasks with their state makes none (it was one per container, the bulk of the
+  // restart after node's own start: BENCHMARKS.md, B3). Those made run a few at a time: 200
+  // sequential round trips would hold the API back for seconds after a restart.
+  const found = [...byTask.values()].filter((c) => needsInspect(ctx, c, states.get(c.taskId)?.state));
   const inspected = await pLimit(RESTORE_INSPECT_CONCURRENCY).map(found, (c) =>
     docker.inspectContainer(c.id, ctx.shutdown).catch(() => undefined),
   );
@@ -147,7 +153,7 @@ export async function restoreTasks(ctx: RunnerContext): Promise<RestoreReport> {
       terminationMessage: stored?.state.termination_message ?? "",
       containerName: container.name,
       containerId: container.id,
-      ...(container.state === "created" ? {} : { ports: inspect?.ports ?? [] }),
+      ...(container.state === "created" ? {} : { ports: inspect?.ports ?? container.ports ?? [] }),
       gpuIds: ownedGpus,
       taskDir,
       cleanedUp,
@@ -209,10 +215,22 @@ export async function restoreTasks(ctx: RunnerContext): Promise<RestoreReport> {
     adoptedUnowned,
     swept,
     changed,
+    listed: containers,
   };
 }
 
 const RESTORE_INSPECT_CONCURRENCY = 16;
+
+/** Whether restoring this container needs what only an inspect reports (see restoreTasks). */
+function needsInspect(
+  ctx: RunnerContext,
+  container: TaskContainerSummary,
+  state: TaskState | undefined,
+): boolean {
+  if (state === undefined || container.ports === undefined) return true;
+  if (ctx.inventory.vendor !== "none" && !state.cleaned_up) return true;
+  return state.started_at === undefined && container.state !== "created";
+}
 
 /**
  * Registry credentials are kept only for a pull still to come: they are deleted from every

@@ -267,6 +267,8 @@ export class FakeDockerClient implements DockerClient {
           taskId: this.taskIdOf(c),
           owner: this.ownerOf(c),
           state: c.state,
+          // As the engine's list: the same port bindings as its inspect.
+          ports: [...c.ports],
         })),
     );
   }

@@ -5,6 +5,7 @@ import { buildApi } from "../api/server.js";
 import { ComponentService } from "../components/component-service.js";
 import type { CommandRunner } from "../exec/run-bounded.js";
 import { VERSION } from "../version.js";
+import type { DrainTimes } from "../api/connection-drain.js";
 import { FakeCommandRunner } from "./fake-command-runner.js";
 import type { TestEnv } from "./test-context.js";
 
@@ -16,6 +17,8 @@ export interface TestApiOptions {
   readonly authToken?: string;
   /** Leave the runner binary out (default: an empty file stands in for it). */
   readonly withoutRunner?: boolean;
+  /** How long `close()` keeps open connections (default: the shim's). */
+  readonly drainTimes?: DrainTimes;
 }
 
 /** The real HTTP edge over a test context (fake engine, temp home): what the API tests inject into. */
@@ -44,5 +47,6 @@ export function buildTestApi(env: TestEnv, options: TestApiOptions = {}): Return
     ...(env.ctx.storage ? { storage: env.ctx.storage } : {}),
     requestShutdown: options.requestShutdown ?? (() => undefined),
     ...(options.authToken !== undefined ? { authToken: options.authToken } : {}),
+    ...(options.drainTimes ? { drainTimes: options.drainTimes } : {}),
   });
 }

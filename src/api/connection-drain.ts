@@ -1,0 +1,127 @@
+import type { IncomingMessage, Server, ServerResponse } from "node:http";
+import { Server as NetServer, type Socket } from "node:net";
+
+/** How long a shutting-down server keeps its open connections (docs/api.md, "Limits"). */
+export interface DrainTimes {
+  /**
+   * A connection with no request in progress is closed once it has stayed so this long after the
+   * drain began (or after its last answer). Long enough for the requests already written by a
+   * client (and waiting, unread, while the shutdown kept the event loop busy) to be read and
+   * answered; short, because the next shim cannot start before this one has exited.
+   */
+  readonly idleGraceMs: number;
+  /** Whatever is still open after this is closed (a request that never completes, a slow body). */
+  readonly deadlineMs: number;
+}
+
+export const DRAIN_TIMES: DrainTimes = { idleGraceMs: 250, deadlineMs: 5_000 };
+
+/**
+ * Lets an HTTP server go without dropping a request already on its way.
+ *
+ * Node's `server.close()` stops accepting and at once destroys every connection with no request
+ * in progress: a kept-alive connection on which the client has just written its next request (or
+ * a connection accepted a moment ago whose request is not parsed yet) counts as idle, and the
+ * client gets a reset instead of an answer. Around a restart under `taskshim supervise` or
+ * systemd socket activation that was about one request in 6–10 restarts (BENCHMARKS.md, B8/B9).
+ * A drain instead stops accepting (new connections wait in the listening socket's backlog for the
+ * next shim), answers every request that arrives on an open connection with `Connection: close`
+ * (the caller adds the header while {@link draining}), and closes a connection only once it has
+ * been idle for {@link DrainTimes.idleGraceMs}.
+ *
+ * A client that writes its request in the very last instant before the idle close (or that
+ * ignores `Connection: close`) can still lose it: HTTP/1.1 cannot close a kept-alive connection
+ * without that race; the grace moves it from "whatever arrived while the shutdown was busy" to
+ * "a request sent after 250 ms of silence, within one network round trip of the close".
+ */
+export class ConnectionDrain {
+  /** Every open connection (tracked per connection, not per request: nothing on the hot path). */
+  readonly #open = new Set<Socket>();
+  #state: "serving" | "draining" | "drained" = "serving";
+  #times: DrainTimes = DRAIN_TIMES;
+  #finish: (() => void) | undefined;
+
+  constructor(private readonly server: Server) {
+    server.on("connection", (socket: Socket) => {
+      this.#open.add(socket);
+      socket.once("close", () => {
+        this.#open.delete(socket);
+        this.#settleIfEmpty();
+      });
+      if (this.#state === "draining") this.#closeWhenIdle(socket);
+    });
+  }
+
+  /** True from the start of {@link drain}. */
+  get draining(): boolean {
+    return this.#state !== "serving";
+  }
+
+  /** Open connections (for tests and diagnosis). */
+  get openConnections(): number {
+    return this.#open.size;
+  }
+
+  /**
+   * Stops accepting and resolves once every connection is closed: idle ones after the grace,
+   * busy ones after their answer (which carries `Connection: close`), and all that remain at the
+   * deadline.
+   */
+  drain(times: DrainTimes = DRAIN_TIMES): Promise<void> {
+    if (this.#state !== "serving") return Promise.resolve();
+    this.#state = "draining";
+    this.#times = times;
+    // net.Server's own close: it stops accepting without http.Server#close's immediate
+    // closeIdleConnections(), which is the very race this class exists to avoid. (A server that
+    // does not listen, as in tests that hand it connections, has nothing to stop.)
+    if (this.server.listening) NetServer.prototype.close.call(this.server);
+    this.server.on("request", (_request: IncomingMessage, response: ServerResponse) =>
+      this.#lastAnswer(response),
+    );
+    const done = new Promise<void>((resolve) => (this.#finish = resolve));
+    const deadline = setTimeout(() => {
+      for (const socket of this.#open) socket.destroy();
+    }, times.deadlineMs);
+    void done.then(() => clearTimeout(deadline));
+    for (const socket of this.#open) {
+      const response = inProgress(socket);
+      if (response) this.#lastAnswer(response);
+      else this.#closeWhenIdle(socket);
+    }
+    this.#settleIfEmpty();
+    return done;
+  }
+
+  /** The answer in progress on a connection is its last: Node closes the connection after it. */
+  #lastAnswer(response: ServerResponse): void {
+    if (!response.headersSent) response.setHeader("connection", "close");
+    const socket = response.socket;
+    if (socket) response.once("close", () => this.#closeWhenIdle(socket));
+  }
+
+  #closeWhenIdle(socket: Socket): void {
+    if (socket.destroyed) return;
+    // Checked again after the event loop's next poll for I/O (setImmediate runs right after it):
+    // a request that reached the kernel by then is read, and its connection is no longer idle.
+    // Timers run before that poll, so without this a request that arrived just before the timer
+    // fired would still be unread, and destroying the socket would reset it.
+    const timer = setTimeout(() => {
+      setImmediate(() => {
+        if (!inProgress(socket)) socket.destroy();
+      });
+    }, this.#times.idleGraceMs);
+    socket.once("close", () => clearTimeout(timer));
+  }
+
+  #settleIfEmpty(): void {
+    if (this.#state !== "draining" || this.#open.size > 0) return;
+    this.#state = "drained";
+    this.#finish?.();
+  }
+}
+
+/** The answer a connection is writing (Node's own test in `closeIdleConnections`), if any. */
+function inProgress(socket: Socket): ServerResponse | undefined {
+  const response = (socket as Socket & { _httpMessage?: ServerResponse | null })._httpMessage;
+  return response && !response.writableFinished ? response : undefined;
+}
