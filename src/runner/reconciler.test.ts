@@ -3,8 +3,10 @@ import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
 import { DockerUnavailableError } from "../docker/docker-errors.js";
 import { TASK_STATE_FILE } from "../state/task-state-file.js";
+import { capturingLogger } from "../testing/capturing-logger.js";
 import { makeContext, TEST_HOME_ID, type TestEnv } from "../testing/test-context.js";
 import { waitFor } from "../testing/wait-for.js";
+import type { RunnerObserver } from "./runner-context.js";
 
 let env: TestEnv;
 
@@ -400,5 +402,257 @@ describe("Reconciler.run", () => {
     expect(after.terminationMessage).toBe("container was OOM-killed\nkilled");
     expect(env.docker.count("inspectContainer")).toBeGreaterThanOrEqual(1);
     await waitFor(() => env.ctx.store.mustGet(task.id).cleanedUp);
+  });
+});
+
+/** Parsed pino lines of a capturing logger whose `msg` is `msg`. */
+const logged = (lines: readonly string[], msg: string): Record<string, unknown>[] =>
+  lines.map((l) => JSON.parse(l) as Record<string, unknown>).filter((l) => l.msg === msg);
+
+/** An observer that records what the reconciler reports. */
+function recordingObserver(): RunnerObserver & {
+  ticks: number[];
+  seen: boolean[];
+  finalized: string[];
+} {
+  const ticks: number[] = [];
+  const seen: boolean[] = [];
+  const finalized: string[] = [];
+  return {
+    ticks,
+    seen,
+    finalized,
+    taskStarted: () => undefined,
+    taskFinalized: (reason) => finalized.push(reason),
+    tickDone: (seconds) => ticks.push(seconds),
+    engineSeen: (up) => seen.push(up),
+    pulledBytes: () => undefined,
+  };
+}
+
+describe("Reconciler: what an exit's message says", () => {
+  it("notes that the engine was down when the container stopped during an outage, and logs the recovery", async () => {
+    const { log, lines } = capturingLogger();
+    const next = await makeContext({ log });
+    try {
+      const { task, container } = await next.seedTask();
+      await next.reconciler.tick();
+      next.docker.failNext("listTaskContainers", new DockerUnavailableError("list: connect ENOENT"));
+      await next.reconciler.tick();
+      expect(logged(lines, "docker engine unreachable; tasks keep their status")).toHaveLength(1);
+      next.docker.exit(container!.id, 3, { logs: ["last words"] });
+      await next.reconciler.tick();
+      expect(logged(lines, "docker engine reachable again")).toHaveLength(1);
+      expect(next.ctx.store.mustGet(task.id).terminationMessage).toBe(
+        "the docker engine was down or restarting when the container stopped (exit code 3)\nlast words",
+      );
+    } finally {
+      await next.dispose();
+    }
+  });
+
+  it("does not blame an outage for an exit long before it", async () => {
+    const { task, container } = await env.seedTask();
+    await env.reconciler.tick();
+    env.docker.exit(container!.id, 4, { logs: ["old"] });
+    env.docker.mustFind(container!.id).finishedAt = new Date(Date.now() - 60_000).toISOString();
+    env.docker.failNext("listTaskContainers", new DockerUnavailableError("list: down"));
+    await env.reconciler.tick();
+    await env.reconciler.tick();
+    expect(env.ctx.store.mustGet(task.id).terminationMessage).toBe("old");
+  });
+
+  it("keeps the last 4096 characters of a long message", async () => {
+    const { task, container } = await env.seedTask();
+    const lines = ["a", "b", "c", "d", "e"].map((c) => c.repeat(1000));
+    env.docker.exit(container!.id, 1, { logs: lines });
+    await env.reconciler.tick();
+    const message = env.ctx.store.mustGet(task.id).terminationMessage;
+    expect(message).toHaveLength(4096);
+    expect(message).toBe(lines.join("\n").slice(-4096));
+  });
+
+  it("finalizes with an empty message when the log tail fails", async () => {
+    const { task, container } = await env.seedTask();
+    env.docker.exit(container!.id, 2, { logs: ["unseen"] });
+    env.docker.failNext("containerLogTail", new DockerUnavailableError("logs: deadline exceeded"));
+    await env.reconciler.tick();
+    expect(env.ctx.store.mustGet(task.id)).toMatchObject({
+      terminationReason: "container_exited_with_error",
+      terminationMessage: "",
+      exitCode: 2,
+    });
+  });
+
+  it("takes the time the exit was seen when the container reports no finish time (year 1)", async () => {
+    const { task, container } = await env.seedTask();
+    env.docker.exit(container!.id, 5);
+    env.docker.mustFind(container!.id).finishedAt = "0001-01-01T00:00:00Z";
+    const before = Date.now();
+    await env.reconciler.tick();
+    expect(env.ctx.store.mustGet(task.id).finishedAt).toBeGreaterThanOrEqual(before);
+  });
+});
+
+describe("Reconciler: a terminated task's container", () => {
+  it.each(["paused", "restarting"] as const)("stops a %s container", async (state) => {
+    const { task, container } = await env.seedTask({ status: "terminated", containerState: state });
+    await env.reconciler.tick();
+    expect(env.docker.callsOf("stopContainer").map((c) => c.args)).toEqual([[container!.id, 0]]);
+    expect(env.ctx.store.mustGet(task.id).cleanedUp).toBe(true);
+  });
+
+  it("does not stop an exited container, and records its exit code", async () => {
+    const { task } = await env.seedTask({ status: "terminated", containerState: "exited", exitCode: 5 });
+    await env.reconciler.tick();
+    expect(env.docker.count("stopContainer")).toBe(0);
+    expect(env.ctx.store.mustGet(task.id)).toMatchObject({ exitCode: 5, cleanedUp: true });
+  });
+
+  it("records no exit code for a container that never started", async () => {
+    const { task } = await env.seedTask({ status: "terminated", containerState: "created" });
+    await env.reconciler.tick();
+    expect(env.docker.count("stopContainer")).toBe(0);
+    const after = env.ctx.store.mustGet(task.id);
+    expect(after.cleanedUp).toBe(true);
+    expect(after.exitCode).toBeUndefined();
+  });
+});
+
+describe("Reconciler: health, logs and metrics", () => {
+  it("reports ticks in seconds, the engine seen, and each finalized task; logs the finish", async () => {
+    const observer = recordingObserver();
+    const { log, lines } = capturingLogger();
+    const next = await makeContext({ observer, log });
+    try {
+      const { task, container } = await next.seedTask();
+      next.docker.exit(container!.id, 0);
+      await next.reconciler.tick();
+      expect(next.reconciler.stats).toMatchObject({ ticks: 1, finalized: 1 });
+      expect(next.reconciler.stats.lastTickMs).toBeGreaterThanOrEqual(0);
+      expect(next.reconciler.stats.lastTickMs).toBeLessThan(5_000);
+      expect(observer.ticks).toHaveLength(1);
+      expect(observer.ticks[0]).toBeCloseTo(next.reconciler.stats.lastTickMs / 1000, 6);
+      expect(observer.seen).toEqual([true]);
+      expect(observer.finalized).toEqual(["done_by_runner"]);
+      expect(logged(lines, "task finished")).toEqual([
+        expect.objectContaining({ taskId: task.id, reason: "done_by_runner", exitCode: 0 }),
+      ]);
+      next.docker.failNext("listTaskContainers", new DockerUnavailableError("list: down"));
+      const { task: other } = await next.seedTask();
+      await next.reconciler.tick();
+      expect(observer.seen).toEqual([true, false]);
+      expect(next.ctx.store.mustGet(other.id).status).toBe("running");
+    } finally {
+      await next.dispose();
+    }
+  });
+
+  it("keeps the time the engine went down and came up across further ticks", async () => {
+    await env.seedTask();
+    env.docker.down = new DockerUnavailableError("engine gone");
+    await env.reconciler.tick();
+    const down = env.reconciler.engineHealth();
+    await new Promise((resolve) => setTimeout(resolve, 5));
+    await env.reconciler.tick();
+    expect(env.reconciler.engineHealth()).toEqual(down);
+    env.docker.down = undefined;
+    await env.reconciler.tick();
+    const up = env.reconciler.engineHealth();
+    expect(up.state).toBe("up");
+    await new Promise((resolve) => setTimeout(resolve, 5));
+    await env.reconciler.tick();
+    expect(env.reconciler.engineHealth()).toEqual(up);
+  });
+
+  it("with nothing to reconcile, pings the engine at most every 5 s and reports a failed ping as down", async () => {
+    const now = vi.spyOn(Date, "now");
+    try {
+      now.mockReturnValue(1_000_000);
+      env.docker.failNext("ping", new DockerUnavailableError("ping: down"));
+      await env.reconciler.tick();
+      expect(env.reconciler.engineHealth().state).toBe("down");
+      now.mockReturnValue(1_004_999);
+      await env.reconciler.tick();
+      expect(env.docker.count("ping")).toBe(1);
+      now.mockReturnValue(1_005_000);
+      await env.reconciler.tick();
+      expect(env.docker.count("ping")).toBe(2);
+      expect(env.reconciler.engineHealth()).toEqual({ state: "up", since: 1_005_000 });
+    } finally {
+      now.mockRestore();
+    }
+  });
+
+  it("logs a failed reconcile of a task with its id", async () => {
+    const { log, lines } = capturingLogger();
+    const next = await makeContext({ log });
+    try {
+      const { task, container } = await next.seedTask();
+      next.docker.exit(container!.id, 3);
+      next.docker.failNext("inspectContainer", new DockerUnavailableError("inspect: deadline exceeded"));
+      await next.reconciler.tick();
+      expect(logged(lines, "reconcile of task failed; retrying next tick")).toEqual([
+        expect.objectContaining({ taskId: task.id }),
+      ]);
+    } finally {
+      await next.dispose();
+    }
+  });
+
+  it("the loop logs a failed tick and goes on", async () => {
+    const { log, lines } = capturingLogger();
+    let fail = true;
+    const observer = {
+      ...recordingObserver(),
+      tickDone: () => {
+        if (fail) {
+          fail = false;
+          throw new Error("observer broke");
+        }
+      },
+    };
+    const next = await makeContext({ log, observer });
+    try {
+      const loop = next.reconciler.run();
+      await waitFor(() => next.reconciler.stats.ticks >= 2);
+      next.shutdownController.abort();
+      await loop;
+      expect(logged(lines, "reconcile tick failed")).toHaveLength(1);
+    } finally {
+      await next.dispose();
+    }
+  });
+});
+
+describe("Reconciler.followEvents", () => {
+  it("kicks on die, destroy and oom of our task, not on other actions", async () => {
+    const { task, container } = await env.seedTask();
+    const follow = env.reconciler.followEvents();
+    await waitFor(() => env.docker.count("containerEvents") >= 1);
+    const event = { containerId: container!.id, taskId: task.id, owner: TEST_HOME_ID };
+    env.docker.emit({ ...event, action: "start" });
+    await new Promise((resolve) => setTimeout(resolve, 30));
+    expect(env.docker.count("inspectContainer")).toBe(0);
+    env.docker.emit({ ...event, action: "oom" });
+    await waitFor(() => env.docker.count("inspectContainer") >= 1);
+    env.docker.remove(container!.id);
+    await waitFor(() => env.ctx.store.mustGet(task.id).status === "terminated");
+    expect(env.ctx.store.mustGet(task.id).terminationMessage).toBe("container not found");
+    env.shutdownController.abort();
+    await follow;
+  });
+});
+
+describe("Reconciler.kick", () => {
+  it("takes no fast path for a task that is not running, nor after shutdown", async () => {
+    const { task } = await env.seedTask({ status: "terminated", cleanedUp: true, containerState: "exited" });
+    const { task: running, container } = await env.seedTask();
+    env.reconciler.kick(task.id);
+    env.shutdownController.abort();
+    env.docker.exit(container!.id, 1);
+    env.reconciler.kick(running.id);
+    await new Promise((resolve) => setTimeout(resolve, 30));
+    expect(env.docker.count("inspectContainer")).toBe(0);
   });
 });

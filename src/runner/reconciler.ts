@@ -41,6 +41,7 @@ export interface ReconcileStats {
  */
 export class Reconciler {
   private wake: (() => void) | undefined;
+  // Stryker disable next-line BooleanLiteral: run() resets it before its first tick; nothing reads it earlier.
   private kicked = false;
   /** Tasks an event said changed: inspected even if the list still says running. */
   private readonly suspects = new Set<string>();

@@ -1,12 +1,18 @@
 import { existsSync, readFileSync } from "node:fs";
-import { mkdir, readdir, readFile, writeFile } from "node:fs/promises";
+import { mkdir, readdir, readFile, rm, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
-import { TASK_STATE_FILE } from "../state/task-state-file.js";
+import { LABEL_IS_TASK, LABEL_OWNER, LABEL_TASK_ID } from "../docker/docker-client.js";
+import { TaskDirs } from "../state/task-dirs.js";
+import { encodeTaskState, TASK_STATE_FILE } from "../state/task-state-file.js";
+import { TaskStore } from "../tasks/task-store.js";
+import { capturingLogger } from "../testing/capturing-logger.js";
 import { pullStream, stalledPullStream, SUCCESSFUL_PULL_LINES } from "../testing/pull-streams.js";
-import { makeContext, type TestEnv } from "../testing/test-context.js";
+import { makeContext, TEST_HOME_ID, type TestEnv } from "../testing/test-context.js";
 import { waitFor } from "../testing/wait-for.js";
-import { restoreTasks } from "./restore.js";
+import { ContainerOwnership } from "./ownership.js";
+import { REGISTRY_AUTH_FILE } from "./registry-auth-file.js";
+import { recoveredVolumes, restoreTasks } from "./restore.js";
 
 const BOTH_GPUS = ["/dev/dri/renderD128", "/dev/dri/renderD129"];
 
@@ -232,5 +238,388 @@ describe("restoreTasks", () => {
     expect(await readFile(join(newerDir, TASK_STATE_FILE), "utf8")).toBe(text);
     expect(await readdir(newerDir)).toEqual([TASK_STATE_FILE]);
     expect(next.ctx.store.get("from-the-future")).toBeUndefined();
+  });
+});
+
+/** Parsed pino lines of a capturing logger whose `msg` is `msg`. */
+const logged = (lines: readonly string[], msg: string): Record<string, unknown>[] =>
+  lines.map((l) => JSON.parse(l) as Record<string, unknown>).filter((l) => l.msg === msg);
+
+const ownLabels = (taskId: string): Record<string, string> => ({
+  [LABEL_IS_TASK]: "true",
+  [LABEL_TASK_ID]: taskId,
+  [LABEL_OWNER]: TEST_HOME_ID,
+});
+const bareLabels = (taskId: string): Record<string, string> => ({
+  [LABEL_IS_TASK]: "true",
+  [LABEL_TASK_ID]: taskId,
+});
+
+describe("restoreTasks: what it reports and logs", () => {
+  it("reports nothing ignored, adopted, changed or resumed for an ordinary restart, and logs the counts", async () => {
+    const task = await env.submitAndStart({});
+    const { log, lines } = capturingLogger();
+    const next = await restart({ log });
+    const report = await restoreTasks(next.ctx);
+    expect(report).toMatchObject({
+      restored: 1,
+      resumed: [],
+      quarantined: [],
+      skippedNewer: [],
+      ignoredContainers: [],
+      foreignContainers: [],
+      adoptedUnowned: [],
+      swept: [],
+      changed: [],
+    });
+    expect(next.ctx.store.mustGet(task.id).taskDir).toBe(task.taskDir);
+    expect(logged(lines, "tasks restored")).toEqual([
+      expect.objectContaining({
+        restored: 1,
+        resumed: 0,
+        quarantined: 0,
+        skippedNewer: 0,
+        foreign: 0,
+        adoptedUnowned: 0,
+      }),
+    ]);
+    expect(logged(lines, "leftover task dirs swept")).toEqual([]);
+  });
+
+  it("sweeps a leftover dir (only an empty runner/) and logs it", async () => {
+    const leftover = join(env.home, "runners", "cut-0123abcd");
+    await mkdir(join(leftover, "runner"), { recursive: true });
+    const { log, lines } = capturingLogger();
+    const next = await restart({ log });
+    const report = await restoreTasks(next.ctx);
+    expect(report.swept).toEqual([leftover]);
+    expect(existsSync(leftover)).toBe(false);
+    expect(logged(lines, "leftover task dirs swept")).toEqual([
+      expect.objectContaining({ swept: [leftover] }),
+    ]);
+  });
+
+  it("logs a newer-format state left alone and a corrupt one quarantined, each with its dir", async () => {
+    const newerDir = join(env.home, "runners", "newer-89abcdef");
+    await mkdir(newerDir, { recursive: true });
+    await writeFile(join(newerDir, TASK_STATE_FILE), JSON.stringify({ version: 2, id: "x" }));
+    const badDir = join(env.home, "runners", "broken-0123abcd");
+    await mkdir(badDir, { recursive: true });
+    await writeFile(join(badDir, TASK_STATE_FILE), "{not json");
+    const { log, lines } = capturingLogger();
+    const next = await restart({ log });
+    const report = await restoreTasks(next.ctx);
+    const newer = logged(lines, "task state of a newer format left alone");
+    expect(newer).toHaveLength(1);
+    expect(newer[0]).toMatchObject({ dir: newerDir, err: { type: "UnsupportedTaskStateVersionError" } });
+    const corrupt = logged(lines, "corrupt task state quarantined");
+    expect(corrupt).toHaveLength(1);
+    expect(corrupt[0]).toMatchObject({
+      dir: badDir,
+      quarantinedAs: report.quarantined[0],
+      err: { type: "CorruptTaskStateError" },
+    });
+  });
+
+  it("restores one task of two state files with the same id, and logs the other as a duplicate", async () => {
+    const { task } = await env.seedTask({ status: "pending", containerState: "none" });
+    const twin = join(env.home, "runners", "twin-0123abcd");
+    await mkdir(twin, { recursive: true });
+    await writeFile(join(twin, TASK_STATE_FILE), encodeTaskState({ ...task, taskDir: twin }, "boot"));
+    const { log, lines } = capturingLogger();
+    const next = await restart({ log });
+    const report = await restoreTasks(next.ctx);
+    expect(report.restored).toBe(1);
+    const restoredDir = next.ctx.store.mustGet(task.id).taskDir;
+    expect([task.taskDir, twin]).toContain(restoredDir);
+    expect(logged(lines, "duplicate task state ignored")).toEqual([
+      expect.objectContaining({ taskId: task.id, dir: restoredDir === twin ? task.taskDir : twin }),
+    ]);
+  });
+
+  it("ignores our container without a task id, and a second container of one task (logged)", async () => {
+    const task = await env.submitAndStart({});
+    env.docker.addContainer({ name: "no-id-1", labels: ownLabels("") });
+    const second = env.docker.addContainer({ name: "second-1", labels: ownLabels(task.id) });
+    const { log, lines } = capturingLogger();
+    const next = await restart({ log });
+    const report = await restoreTasks(next.ctx);
+    expect(report.ignoredContainers.sort()).toEqual(["no-id-1", "second-1"]);
+    expect(report.restored).toBe(1);
+    expect(next.ctx.store.mustGet(task.id).containerId).toBe(task.containerId);
+    expect(logged(lines, "second container for one task ignored")).toEqual([
+      expect.objectContaining({ taskId: task.id, container: second.name }),
+    ]);
+  });
+});
+
+describe("restoreTasks: the status of a task with a container", () => {
+  it("a start cut after its container started: running, and reported changed (not resumed)", async () => {
+    const { task } = await env.seedTask({ status: "creating", containerState: "running" });
+    const next = await restart();
+    const report = await restoreTasks(next.ctx);
+    expect(next.ctx.store.mustGet(task.id).status).toBe("running");
+    expect(report.changed).toEqual([task.id]);
+    expect(report.resumed).toEqual([]);
+  });
+
+  it("a start cut between create and start: creating, resumed and not changed, without ports", async () => {
+    const { task } = await env.seedTask({ status: "pulling", containerState: "created" });
+    const next = await restart();
+    const report = await restoreTasks(next.ctx);
+    const restored = next.ctx.store.mustGet(task.id);
+    expect(restored.status).toBe("creating");
+    expect(restored.ports).toBeUndefined();
+    expect(report.resumed).toEqual([task.id]);
+    expect(report.changed).toEqual([task.id]);
+  });
+
+  it("a running task.json with a container only created stays running (the reconciler says it never started)", async () => {
+    const { task } = await env.seedTask({ status: "running", containerState: "created" });
+    const next = await restart();
+    const report = await restoreTasks(next.ctx);
+    expect(next.ctx.store.mustGet(task.id).status).toBe("running");
+    expect(report.resumed).toEqual([]);
+    expect(report.changed).toEqual([]);
+    await next.reconciler.tick();
+    expect(next.ctx.store.mustGet(task.id).terminationMessage).toBe("container was not started");
+  });
+
+  it("a cleaned-up terminated task holds no GPU, even though its container still shows them", async () => {
+    const { task } = await env.seedTask({
+      status: "terminated",
+      containerState: "exited",
+      cleanedUp: true,
+      gpus: 2,
+    });
+    env.ctx.gpuLock.release(task.gpuIds);
+    const next = await restart();
+    await restoreTasks(next.ctx);
+    expect(next.ctx.store.mustGet(task.id).gpuIds).toEqual([]);
+    expect(next.ctx.gpuLock.lockedIds()).toEqual([]);
+  });
+
+  it("our container without a task.json: restored degraded from the container, in its dir when it exists", async () => {
+    const kept = await env.submitAndStart({ name: "keptdir" });
+    const gone = await env.submitAndStart({ name: "gonedir" });
+    await rm(join(kept.taskDir, TASK_STATE_FILE));
+    await rm(gone.taskDir, { recursive: true });
+    const next = await restart();
+    const report = await restoreTasks(next.ctx);
+    expect(report.adoptedUnowned).toEqual([]);
+    expect(report.changed).toEqual([]);
+    expect(next.ctx.store.mustGet(kept.id)).toMatchObject({
+      status: "running",
+      taskDir: kept.taskDir,
+      terminationMessage: "",
+      degraded: true,
+      containerId: kept.containerId,
+    });
+    expect(next.ctx.store.mustGet(kept.id).config).toMatchObject({ name: "keptdir", image_name: "unknown" });
+    expect(next.ctx.store.mustGet(gone.id)).toMatchObject({ taskDir: "", degraded: true });
+  });
+
+  it("a container whose dir holds a newer-format state: shown as foreign, keys known, its credentials kept", async () => {
+    const task = await env.submitAndStart({});
+    await writeFile(
+      join(task.taskDir, TASK_STATE_FILE),
+      JSON.stringify({ version: 2, id: task.id, config: { id: task.id } }),
+    );
+    await writeFile(join(task.taskDir, REGISTRY_AUTH_FILE), '{"username":"u","password":"p"}');
+    const next = await restart();
+    const report = await restoreTasks(next.ctx);
+    expect(report.skippedNewer).toEqual([task.taskDir]);
+    const restored = next.ctx.store.mustGet(task.id);
+    expect(restored).toMatchObject({ foreign: true, taskDir: task.taskDir, status: "running" });
+    expect(restored.degraded).toBeUndefined();
+    expect(existsSync(join(task.taskDir, REGISTRY_AUTH_FILE))).toBe(true);
+  });
+});
+
+describe("restoreTasks: a task.json whose container is gone", () => {
+  it("keeps a terminated task terminated, with its reason, message and exit code, not resumed", async () => {
+    const task = await env.submitAndStart({});
+    await env.runner.terminate(task.id, 0, "terminated_by_user", "user asked");
+    env.docker.remove(task.containerId!);
+    const next = await restart();
+    const report = await restoreTasks(next.ctx);
+    expect(next.ctx.store.mustGet(task.id)).toMatchObject({
+      status: "terminated",
+      terminationReason: "terminated_by_user",
+      terminationMessage: "user asked",
+      exitCode: 137,
+      cleanedUp: true,
+    });
+    expect(report.resumed).toEqual([]);
+    await next.reconciler.tick();
+    expect(next.ctx.store.mustGet(task.id).terminationReason).toBe("terminated_by_user");
+  });
+
+  it("marks a task that ran in an earlier boot as ended across a reboot, not one still to start", async () => {
+    const ran = await env.submitAndStart({});
+    env.docker.remove(ran.containerId!);
+    const cut = await env.seedTask({ status: "pending", containerState: "none" });
+    const next = await restart({ bootId: "22222222-next-boot" });
+    const report = await restoreTasks(next.ctx);
+    expect(next.ctx.store.mustGet(ran.id).acrossReboot).toBe(true);
+    expect(next.ctx.store.mustGet(cut.task.id).acrossReboot).toBeUndefined();
+    expect(report.resumed).toEqual([cut.task.id]);
+  });
+});
+
+describe("restoreTasks: times", () => {
+  it("keeps the times of task.json, even when the container reports another start", async () => {
+    const task = await env.submitAndStart({});
+    env.docker.mustFind(task.containerId!).startedAt = "2020-01-01T00:00:00.000Z";
+    const next = await restart();
+    await restoreTasks(next.ctx);
+    const restored = next.ctx.store.mustGet(task.id);
+    expect(restored.createdAt).toBe(task.createdAt);
+    expect(restored.startedAt).toBe(task.startedAt);
+    expect(restored.finishedAt).toBeUndefined();
+  });
+
+  it("a task.json without times (dstack-shim's): start time from the container, none when it never started", async () => {
+    const { task } = await env.seedTask({});
+    const { task: never } = await env.seedTask({ containerState: "exited" });
+    const legacy = (t: typeof task): string => {
+      const {
+        created_at: _c,
+        started_at: _s,
+        finished_at: _f,
+        ...rest
+      } = JSON.parse(encodeTaskState(t, "boot")) as Record<string, unknown>;
+      return JSON.stringify(rest);
+    };
+    await writeFile(join(task.taskDir, TASK_STATE_FILE), legacy(task));
+    await writeFile(join(never.taskDir, TASK_STATE_FILE), legacy(never));
+    env.docker.mustFind(task.containerName).startedAt = "2026-02-03T04:05:06.000Z";
+    env.docker.mustFind(never.containerName).startedAt = "0001-01-01T00:00:00Z";
+    const next = await restart();
+    await restoreTasks(next.ctx);
+    const restored = next.ctx.store.mustGet(task.id);
+    expect(restored.startedAt).toBe(Date.parse("2026-02-03T04:05:06.000Z"));
+    expect(restored.createdAt).toBeUndefined();
+    expect(next.ctx.store.mustGet(never.id).startedAt).toBeUndefined();
+  });
+
+  it("keeps the finish time of a terminated task.json", async () => {
+    const task = await env.submitAndStart({});
+    await env.runner.terminate(task.id, 0, "terminated_by_user", "");
+    const finished = env.ctx.store.mustGet(task.id).finishedAt;
+    expect(finished).toBeGreaterThan(0);
+    const next = await restart();
+    await restoreTasks(next.ctx);
+    expect(next.ctx.store.mustGet(task.id).finishedAt).toBe(finished);
+  });
+});
+
+describe("restoreTasks: a task the store refuses", () => {
+  it("is logged as not restored and gives back the GPUs it locked", async () => {
+    const task = await env.submitAndStart({ gpu: 2 });
+    const store = new TaskStore();
+    store.add({ ...task, gpuIds: [] });
+    const { log, lines } = capturingLogger();
+    const next = await restart({ log, store });
+    await restoreTasks(next.ctx);
+    expect(next.ctx.gpuLock.lockedIds()).toEqual([]);
+    const refused = logged(lines, "task not restored");
+    expect(refused).toHaveLength(1);
+    expect(refused[0]).toMatchObject({ taskId: task.id, err: { type: "TaskExistsError" } });
+  });
+});
+
+describe("restoreTasks --adopt-unowned", () => {
+  const adopting = (): ContainerOwnership => new ContainerOwnership(TEST_HOME_ID, true);
+
+  it("derives the config from the container: its name, its volumes (never formatted), and logs the adoption", async () => {
+    const root = env.ctx.params.volumeMountRoot;
+    env.docker.addContainer({
+      name: "legacy-0badf00d",
+      labels: bareLabels("legacy-task"),
+      mounts: [{ source: join(root, "data"), destination: "/data" }],
+    });
+    const { log, lines } = capturingLogger();
+    const next = await restart({ ownership: adopting(), log });
+    const report = await restoreTasks(next.ctx);
+    const task = next.ctx.store.mustGet("legacy-task");
+    expect(task.config.name).toBe("legacy");
+    expect(task.config.image_name).toBe("unknown");
+    expect(task.config.volumes).toEqual([
+      { name: "data", backend: "", volume_id: "", init_fs: false, device_name: "" },
+    ]);
+    expect(task.config.volume_mounts).toEqual([{ name: "data", path: "/data" }]);
+    expect(task.terminationMessage).toBe("");
+    expect(task.taskDir).toBe(next.ctx.dirs.dirFor("legacy-0badf00d"));
+    expect(report.changed).toEqual(["legacy-task"]);
+    expect(
+      logged(lines, "container without owner label adopted (--adopt-unowned); its host keys are unknown"),
+    ).toEqual([
+      expect.objectContaining({ taskId: "legacy-task", container: "legacy-0badf00d", volumes: ["data"] }),
+    ]);
+  });
+
+  it("strips only the trailing hash of the name, and falls back when the name or the volumes are invalid", async () => {
+    const root = env.ctx.params.volumeMountRoot;
+    env.docker.addContainer({ name: "job-deadbeef-12345678", labels: bareLabels("a-task") });
+    env.docker.addContainer({ name: "-0badf00d", labels: bareLabels("b-task") });
+    env.docker.addContainer({
+      name: "vols-0badf00d",
+      labels: bareLabels("c-task"),
+      mounts: [{ source: join(root, "bad name"), destination: "/bad" }],
+    });
+    env.docker.addContainer({ name: "odd-0badf00d", labels: bareLabels("odd id!") });
+    const next = await restart({ ownership: adopting() });
+    await restoreTasks(next.ctx);
+    expect(next.ctx.store.mustGet("a-task").config.name).toBe("job-deadbeef");
+    expect(next.ctx.store.mustGet("b-task").config.name).toBe("task");
+    const vols = next.ctx.store.mustGet("c-task").config;
+    expect({ id: vols.id, name: vols.name, volumes: vols.volumes }).toEqual({
+      id: "c-task",
+      name: "vols",
+      volumes: [],
+    });
+    const odd = next.ctx.store.mustGet("odd id!");
+    expect({ id: odd.config.id, name: odd.config.name }).toEqual({ id: "legacy-task", name: "legacy" });
+  });
+
+  it("an adopted container whose dir cannot be made: restored without a dir, logged, not persisted", async () => {
+    env.docker.addContainer({ name: "nodir-0badf00d", labels: bareLabels("nodir-task") });
+    const dirs = new TaskDirs(env.home);
+    dirs.make = () => Promise.reject(new Error("EACCES: no dir"));
+    const { log, lines } = capturingLogger();
+    const next = await restart({ ownership: adopting(), dirs, log });
+    const report = await restoreTasks(next.ctx);
+    expect(report.adoptedUnowned).toEqual(["nodir-0badf00d"]);
+    expect(report.changed).toEqual([]);
+    expect(next.ctx.store.mustGet("nodir-task")).toMatchObject({ taskDir: "", degraded: true });
+    expect(logged(lines, "no task dir for an adopted container")).toEqual([
+      expect.objectContaining({ taskId: "nodir-task", container: "nodir-0badf00d" }),
+    ]);
+  });
+});
+
+describe("recoveredVolumes", () => {
+  it("names one volume per direct child of the mount root, once, skipping dot dirs and anything else", () => {
+    const root = env.ctx.params.volumeMountRoot;
+    const mounts = [
+      { source: join(root, "data"), destination: "/data" },
+      { source: join(root, "data"), destination: "/again" },
+      { source: join(root, ".hidden"), destination: "/hidden" },
+      { source: join(root, "a", "deep"), destination: "/deep" },
+      { source: `${root}/./model`, destination: "/model" },
+      { source: "/etc/hosts", destination: "/etc/hosts" },
+    ];
+    const inspect = { mounts } as unknown as Parameters<typeof recoveredVolumes>[1];
+    expect(recoveredVolumes(env.ctx, inspect)).toEqual([
+      { name: "data", path: "/data" },
+      { name: "model", path: "/model" },
+    ]);
+    expect(recoveredVolumes(env.ctx, undefined)).toEqual([]);
+    const atRoot = { ...env.ctx, params: { ...env.ctx.params, volumeMountRoot: "/" } };
+    const rootMount = { mounts: [{ source: "/", destination: "/host" }] } as unknown as Parameters<
+      typeof recoveredVolumes
+    >[1];
+    expect(recoveredVolumes(atRoot, rootMount)).toEqual([]);
   });
 });

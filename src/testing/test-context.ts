@@ -123,6 +123,7 @@ export async function makeContext(overrides: ContextOverrides = {}): Promise<Tes
     log: overrides.log ?? pino({ level: "silent" }),
     shutdown: shutdownController.signal,
     storage: overrides.storage ?? new StorageHealth(join(home, "runners")),
+    ...(overrides.observer ? { observer: overrides.observer } : {}),
   };
   const runner = new TaskRunner(ctx);
   const reconciler = new Reconciler(ctx, runner);
