@@ -45,6 +45,12 @@ describe("composeAuthorizedKeys", () => {
     expect(composeAuthorizedKeys(Buffer.from(""), []).length).toBe(0);
     expect(composeAuthorizedKeys(Buffer.from("\n\n"), []).toString()).toBe("\n\n");
   });
+
+  it("looks at the very last line, whatever comes before it", () => {
+    expect(composeAuthorizedKeys(Buffer.from("a\nb\nc"), []).toString()).toBe("a\nb\nc");
+    expect(composeAuthorizedKeys(Buffer.from(`a\nb\nx ${PUBLIC_KEY_MARKER}`), []).toString()).toBe("a\nb\n");
+    expect(composeAuthorizedKeys(Buffer.from(""), ["k"]).toString()).toBe("k\n");
+  });
 });
 
 describe("passwdUserLookup", () => {
@@ -78,6 +84,39 @@ describe("passwdUserLookup", () => {
     await expect(lookup("root")).resolves.toMatchObject({ uid: 0, home: "/root" });
     await expect(lookup("ghost")).rejects.toBeInstanceOf(UnknownUserError);
     await expect(lookup("broken")).rejects.toBeInstanceOf(UnknownUserError);
+  });
+
+  it("skips lines whose uid, gid, home or field count is wrong, and names the missing user", async () => {
+    const path = join(dir, "passwd");
+    await writeFile(
+      path,
+      [
+        "other:x:7:7::/home/other:/bin/sh",
+        "short:x:1:1::/home/short",
+        "baduid:x:1a:1::/home/baduid:/bin/sh",
+        "baduid:x:a1:1::/home/baduid:/bin/sh",
+        "badgid:x:1:1a::/home/badgid:/bin/sh",
+        "badgid:x:1:a1::/home/badgid:/bin/sh",
+        "relhome:x:1:1::home/relhome:/bin/sh",
+        "relhome:x:2:2::/home/relhome:/bin/sh",
+      ].join("\n"),
+    );
+    const lookup = passwdUserLookup(path);
+    for (const name of ["short", "baduid", "badgid"]) {
+      const error = (await lookup(name).catch((e: unknown) => e)) as Error;
+      expect([error.name, error.message]).toEqual(["UnknownUserError", `unknown user: ${name}`]);
+    }
+    await expect(lookup("relhome")).resolves.toEqual({
+      name: "relhome",
+      home: "/home/relhome",
+      uid: 2,
+      gid: 2,
+    });
+    await expect(lookup("other")).resolves.toMatchObject({ uid: 7 });
+  });
+
+  it("reads /etc/passwd by default", async () => {
+    await expect(passwdUserLookup()("root")).resolves.toMatchObject({ name: "root", uid: 0, gid: 0 });
   });
 });
 
@@ -266,6 +305,135 @@ describe("AuthorizedKeys.reconcile", () => {
     await expect(ak.reconcile("ghost", [ALICE])).rejects.toBeInstanceOf(UnknownUserError);
   });
 
+  const failure = async (run: Promise<unknown>): Promise<Error> => {
+    const error = await run.then(
+      () => undefined,
+      (e: unknown) => e,
+    );
+    expect(error).toBeInstanceOf(Error);
+    return error as Error;
+  };
+
+  describe("refusals, word for word", () => {
+    it("names a symlinked or non-directory ~/.ssh and keeps the cause", async () => {
+      await symlink(root, join(home, ".ssh"));
+      const link = await failure(ak.reconcile("ubuntu", [ALICE]));
+      expect([link.name, link.message]).toEqual([
+        "UnsafeAuthorizedKeysPathError",
+        `${home}/.ssh is a symlink`,
+      ]);
+      expect(link.cause).toMatchObject({ code: "ENOTDIR" });
+      await rm(join(home, ".ssh"));
+      await writeFile(join(home, ".ssh"), "a file\n");
+      const notDir = await failure(ak.reconcile("ubuntu", [ALICE]));
+      expect([notDir.name, notDir.message]).toEqual([
+        "UnsafeAuthorizedKeysPathError",
+        `${home}/.ssh is not a directory`,
+      ]);
+      expect(await readFile(join(home, ".ssh"), "utf8")).toBe("a file\n");
+    });
+
+    it("names a ~/.ssh owned by someone else", async () => {
+      await mkdir(join(home, ".ssh"), { mode: 0o700 });
+      await chown(join(home, ".ssh"), 54321, 54321);
+      const error = await failure(ak.reconcile("ubuntu", [ALICE]));
+      expect([error.name, error.message]).toEqual([
+        "UnsafeAuthorizedKeysPathError",
+        `${home}/.ssh is owned by uid 54321, not by ubuntu`,
+      ]);
+      expect(await readdir(join(home, ".ssh"))).toEqual([]);
+    });
+
+    it("accepts a ~/.ssh and a file owned by the user (not root)", async () => {
+      const owned = new AuthorizedKeys(() =>
+        Promise.resolve({ name: "ubuntu", home, uid: 54321, gid: 54322 }),
+      );
+      await seed(`${BOB}\n`);
+      await chown(join(home, ".ssh"), 54321, 54322);
+      await chown(file, 54321, 54322);
+      await owned.reconcile("ubuntu", [ALICE]);
+      expect(await read()).toBe(`${BOB}\n${ALICE} ${PUBLIC_KEY_MARKER}\n`);
+      expect(await stat(file)).toMatchObject({ uid: 54321, gid: 54322 });
+    });
+
+    it("names a symlinked file, a non-regular one and a hard-linked one", async () => {
+      await mkdir(join(home, ".ssh"), { mode: 0o700 });
+      await symlink(join(root, "nowhere"), file);
+      const symlinked = await failure(ak.reconcile("ubuntu", [ALICE]));
+      expect([symlinked.name, symlinked.message]).toEqual([
+        "UnsafeAuthorizedKeysPathError",
+        `${file} is a symlink`,
+      ]);
+      expect(symlinked.cause).toMatchObject({ code: "ELOOP" });
+      await rm(file);
+      await mkdir(file);
+      const dir = await failure(ak.reconcile("ubuntu", [ALICE]));
+      expect([dir.name, dir.message]).toEqual([
+        "UnsafeAuthorizedKeysPathError",
+        `${file} is not a regular file`,
+      ]);
+      await rm(file, { recursive: true });
+      await writeFile(join(root, "victim"), "x\n");
+      await link(join(root, "victim"), file);
+      const linked = await failure(ak.reconcile("ubuntu", [ALICE]));
+      expect(linked.message).toBe(`${file} has 2 hard links`);
+    });
+
+    it("writes into an existing empty ~/.ssh", async () => {
+      await mkdir(join(home, ".ssh"), { mode: 0o711 });
+      await ak.reconcile("ubuntu", [ALICE]);
+      expect(await read()).toBe(`${ALICE} ${PUBLIC_KEY_MARKER}\n`);
+      // An existing ~/.ssh is the user's: its mode is left alone.
+      expect((await stat(join(home, ".ssh"))).mode & 0o777).toBe(0o711);
+    });
+
+    it("names a failed replace without the /proc/self/fd path, and keeps the cause", async () => {
+      await seed(`${BOB}\n`);
+      // A directory where the temp file goes cannot be unlinked: the write stops there.
+      await mkdir(join(home, ".ssh", "authorized_keys.tmp"));
+      const error = await failure(ak.reconcile("ubuntu", [ALICE]));
+      expect(error.name).toBe("AuthorizedKeysWriteError");
+      expect(error.message).toMatch(
+        new RegExp(
+          `^cannot replace ${file.replace(/[.]/g, "\\.")}: EISDIR: .*, unlink 'authorized_keys\\.tmp'$`,
+        ),
+      );
+      expect(error.cause).toMatchObject({ code: "EISDIR" });
+      expect(await read()).toBe(`${BOB}\n`);
+    });
+
+    it("names the home it cannot open", async () => {
+      const homeless = new AuthorizedKeys(() =>
+        Promise.resolve({ name: "ubuntu", home: join(root, "missing"), uid, gid }),
+      );
+      const error = await failure(homeless.reconcile("ubuntu", [ALICE]));
+      expect([error.name, error.message]).toEqual([
+        "AuthorizedKeysWriteError",
+        `cannot open the home ${join(root, "missing")} of ubuntu`,
+      ]);
+      expect(error.cause).toMatchObject({ code: "ENOENT" });
+    });
+
+    it("logs the user and the reason of a skipped key", async () => {
+      const fields: object[] = [];
+      const logging = new AuthorizedKeys(lookup, (_msg, f) => fields.push(f ?? {}));
+      await logging.reconcile("ubuntu", ["ssh-foo AAAA"]);
+      expect(fields).toEqual([{ user: "ubuntu", error: 'unsupported public key type "ssh-foo"' }]);
+    });
+
+    it("names the error classes", () => {
+      expect(new UnknownUserError("x").name).toBe("UnknownUserError");
+      expect(new AuthorizedKeysWriteError("x").name).toBe("AuthorizedKeysWriteError");
+      expect(new UnsafeAuthorizedKeysPathError("x").name).toBe("UnsafeAuthorizedKeysPathError");
+      const wrapped = new UserKeysReconcileError("bob", { cause: new Error("disk on fire") });
+      expect([wrapped.name, wrapped.message]).toEqual([
+        "UserKeysReconcileError",
+        "reconcile authorized_keys of bob: disk on fire",
+      ]);
+      expect(new UserKeysReconcileError("bob", {}).message).toBe("reconcile authorized_keys of bob: failed");
+    });
+  });
+
   describe("keepExisting (a degraded task lives: only add, never revoke)", () => {
     it("keeps every shim entry already present and adds the new keys once", async () => {
       await seed(`ssh-ed25519 AAAA by-hand\n${ALICE} ${PUBLIC_KEY_MARKER}\n${BOB} ${PUBLIC_KEY_MARKER}\n`);
@@ -280,6 +448,12 @@ describe("AuthorizedKeys.reconcile", () => {
       // Without it, the set is exact again.
       await ak.reconcile("ubuntu", [BOB]);
       expect(await read()).toBe(`ssh-ed25519 AAAA by-hand\n${BOB} ${PUBLIC_KEY_MARKER}\n`);
+    });
+
+    it("never marks a key that was added by hand", async () => {
+      await seed(`${BOB}\n${ALICE} ${PUBLIC_KEY_MARKER}\n`);
+      await ak.reconcile("ubuntu", [CAROL], { keepExisting: true });
+      expect(await read()).toBe(`${BOB}\n${ALICE} ${PUBLIC_KEY_MARKER}\n${CAROL} ${PUBLIC_KEY_MARKER}\n`);
     });
 
     it("on a missing file behaves as a plain reconcile", async () => {
@@ -344,6 +518,7 @@ describe("AuthorizedKeys.reconcile", () => {
       await expect(failure).rejects.toBeInstanceOf(AggregateError);
       const error = (await failure.catch((e: unknown) => e)) as AggregateError;
       expect(error.errors).toHaveLength(1);
+      expect(error.message).toBe("failed to reconcile authorized_keys of ghost");
       expect(error.errors[0]).toBeInstanceOf(UserKeysReconcileError);
       expect((error.errors[0] as UserKeysReconcileError).user).toBe("ghost");
       expect((error.errors[0] as UserKeysReconcileError).cause).toBeInstanceOf(UnknownUserError);

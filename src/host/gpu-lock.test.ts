@@ -90,3 +90,59 @@ describe("GpuLock inventory checks", () => {
     );
   });
 });
+
+describe("GpuLock errors, word for word", () => {
+  const thrown = (fn: () => unknown): Error => {
+    try {
+      fn();
+    } catch (error) {
+      return error as Error;
+    }
+    throw new Error("did not throw");
+  };
+
+  it("names each inventory defect", () => {
+    const amd: GpuInfo = { ...gpu("/dev/dri/renderD128", 1), vendor: "amd" };
+    const cases: [GpuInventory, string][] = [
+      [
+        { vendor: "none", gpus: [{ ...gpu("GPU-a", 0), vendor: "none" as never }] },
+        "GPUs present but vendor is none",
+      ],
+      [{ vendor: "none", gpus: [gpu("GPU-a", 0)] }, "GPUs present but vendor is none"],
+      [{ vendor: "nvidia", gpus: [gpu("GPU-a", 0), amd] }, "multiple GPU vendors detected"],
+      [{ vendor: "nvidia", gpus: [gpu("GPU-a", 0), gpu("", 1)] }, "a GPU has an empty resource id"],
+      [{ vendor: "nvidia", gpus: [gpu("GPU-a", 0), gpu("GPU-a", 1)] }, "duplicate GPU resource ids"],
+    ];
+    for (const [bad, message] of cases) {
+      const error = thrown(() => new GpuLock(bad));
+      expect(error).toBeInstanceOf(InvalidGpuInventoryError);
+      expect(error.name).toBe("InvalidGpuInventoryError");
+      expect(error.message).toBe(message);
+    }
+  });
+
+  it("names a bad count and a lack of capacity", () => {
+    const lock = new GpuLock(inventory);
+    const bad = thrown(() => lock.acquire(0));
+    expect([bad.name, bad.message]).toEqual([
+      "InvalidGpuCountError",
+      "count must be either positive or -1, got 0",
+    ]);
+    const full = thrown(() => lock.acquire(4));
+    expect(full.name).toBe("NoGpuCapacityError");
+    expect(full).toMatchObject({ requested: 4, available: 3 });
+  });
+});
+
+describe("GpuLock order", () => {
+  it("orders by index first and by id only between equal indices", () => {
+    const lock = new GpuLock({
+      vendor: "nvidia",
+      gpus: [gpu("GPU-a", 2), gpu("GPU-z", 0), gpu("GPU-c", 1), gpu("GPU-b", 1)],
+    });
+    expect(lock.acquire(-1)).toEqual(["GPU-z", "GPU-b", "GPU-c", "GPU-a"]);
+    expect(lock.lockedIds()).toEqual(["GPU-z", "GPU-b", "GPU-c", "GPU-a"]);
+    const reversed = new GpuLock({ vendor: "nvidia", gpus: [gpu("GPU-b", 1), gpu("GPU-c", 1)] });
+    expect(reversed.acquire(1)).toEqual(["GPU-b"]);
+  });
+});

@@ -61,6 +61,7 @@ export class GpuLock {
       throw new InvalidGpuCountError(`count must be either positive or -1, got ${count}`);
     }
     const free = this.ids.filter((id) => !this.locked.has(id));
+    // Stryker disable next-line ConditionalExpression: for -1, free.length < -1 is false anyway
     if (count !== -1 && free.length < count) throw new NoGpuCapacityError(count, free.length);
     const taken = count === -1 ? free : free.slice(0, count);
     for (const id of taken) this.locked.add(id);

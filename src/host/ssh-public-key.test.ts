@@ -101,3 +101,152 @@ describe("isShimEntry", () => {
     expect(isShimEntry(`${ALICE} x# added by dstack-shim`)).toBe(false);
   });
 });
+
+/** An SSH wire blob: each part as a uint32 big-endian length and its bytes. */
+const wire = (...parts: (string | Buffer)[]): Buffer =>
+  Buffer.concat(
+    parts.flatMap((part) => {
+      const bytes = typeof part === "string" ? Buffer.from(part, "latin1") : part;
+      const length = Buffer.alloc(4);
+      length.writeUInt32BE(bytes.length);
+      return [length, bytes];
+    }),
+  );
+const line = (type: string, blob: Buffer): string => `${type} ${blob.toString("base64")}`;
+const bytes = (n: number, first = 1): Buffer => Buffer.alloc(n, first);
+const point = (n: number): Buffer => Buffer.concat([Buffer.of(0x04), bytes(n - 1)]);
+const rejects = (key: string, message: string): void => {
+  let thrown: unknown;
+  try {
+    canonicalizePublicKey(key);
+  } catch (error) {
+    thrown = error;
+  }
+  expect(thrown).toBeInstanceOf(InvalidPublicKeyError);
+  expect((thrown as Error).name).toBe("InvalidPublicKeyError");
+  expect((thrown as Error).message).toBe(message);
+};
+
+describe("canonicalizePublicKey: every plain key type, checked field by field", () => {
+  const valid: [string, Buffer][] = [
+    ["ssh-dss", wire("ssh-dss", bytes(129), bytes(21), bytes(128), bytes(128))],
+    ["ecdsa-sha2-nistp384", wire("ecdsa-sha2-nistp384", "nistp384", point(97))],
+    ["ecdsa-sha2-nistp521", wire("ecdsa-sha2-nistp521", "nistp521", point(133))],
+    ["sk-ssh-ed25519@openssh.com", wire("sk-ssh-ed25519@openssh.com", bytes(32), "ssh:")],
+    [
+      "sk-ecdsa-sha2-nistp256@openssh.com",
+      wire("sk-ecdsa-sha2-nistp256@openssh.com", "nistp256", point(65), "ssh:"),
+    ],
+  ];
+  it.each(valid)("accepts a well-formed %s key", (type, blob) => {
+    expect(canonicalizePublicKey(`${line(type, blob)} c`)).toBe(`${line(type, blob)} c ${PUBLIC_KEY_MARKER}`);
+  });
+
+  it.each([
+    ["ssh-ed25519 with a 31-byte key", line("ssh-ed25519", wire("ssh-ed25519", bytes(31)))],
+    ["ssh-ed25519 with an extra field", line("ssh-ed25519", wire("ssh-ed25519", bytes(32), "x"))],
+    [
+      "sk-ssh-ed25519 with a 33-byte key",
+      line("sk-ssh-ed25519@openssh.com", wire("sk-ssh-ed25519@openssh.com", bytes(33), "ssh:")),
+    ],
+    [
+      "sk-ssh-ed25519 with no application",
+      line("sk-ssh-ed25519@openssh.com", wire("sk-ssh-ed25519@openssh.com", bytes(32), "")),
+    ],
+    [
+      "sk-ssh-ed25519 without its application",
+      line("sk-ssh-ed25519@openssh.com", wire("sk-ssh-ed25519@openssh.com", bytes(32))),
+    ],
+    ["ssh-rsa with an empty exponent", line("ssh-rsa", wire("ssh-rsa", "", bytes(128)))],
+    ["ssh-rsa with an empty modulus", line("ssh-rsa", wire("ssh-rsa", bytes(3), ""))],
+    ["ssh-rsa without a modulus", line("ssh-rsa", wire("ssh-rsa", bytes(3)))],
+    ["ssh-dss with an empty field", line("ssh-dss", wire("ssh-dss", bytes(129), bytes(21), "", bytes(128)))],
+    ["ssh-dss with a field missing", line("ssh-dss", wire("ssh-dss", bytes(129), bytes(21), bytes(128)))],
+    [
+      "ecdsa with another curve's name",
+      line("ecdsa-sha2-nistp256", wire("ecdsa-sha2-nistp256", "nistp384", point(97))),
+    ],
+    [
+      "ecdsa with a point of the wrong size",
+      line("ecdsa-sha2-nistp384", wire("ecdsa-sha2-nistp384", "nistp384", point(65))),
+    ],
+    [
+      "ecdsa with a compressed point",
+      line(
+        "ecdsa-sha2-nistp256",
+        wire("ecdsa-sha2-nistp256", "nistp256", Buffer.concat([Buffer.of(0x02), bytes(64)])),
+      ),
+    ],
+    ["ecdsa without a point", line("ecdsa-sha2-nistp256", wire("ecdsa-sha2-nistp256", "nistp256"))],
+    [
+      "ecdsa with an extra field",
+      line("ecdsa-sha2-nistp256", wire("ecdsa-sha2-nistp256", "nistp256", point(65), "x")),
+    ],
+    [
+      "sk-ecdsa with a bad point",
+      line(
+        "sk-ecdsa-sha2-nistp256@openssh.com",
+        wire("sk-ecdsa-sha2-nistp256@openssh.com", "nistp256", point(64), "ssh:"),
+      ),
+    ],
+    [
+      "sk-ecdsa with no application",
+      line(
+        "sk-ecdsa-sha2-nistp256@openssh.com",
+        wire("sk-ecdsa-sha2-nistp256@openssh.com", "nistp256", point(65), ""),
+      ),
+    ],
+    [
+      "sk-ecdsa without its application",
+      line(
+        "sk-ecdsa-sha2-nistp256@openssh.com",
+        wire("sk-ecdsa-sha2-nistp256@openssh.com", "nistp256", point(65)),
+      ),
+    ],
+  ])("rejects %s as malformed", (_label, key) => {
+    rejects(key, `malformed ${key.split(" ")[0] ?? ""} public key`);
+  });
+
+  it("says which check failed, word for word", () => {
+    rejects("", "empty public key");
+    rejects(" \n", "empty public key");
+    rejects("x".repeat(16 * 1024 + 1), "public key is too long");
+    rejects(ALICE_TYPE, "public key data is missing");
+    rejects(`ssh-foo ${ALICE_B64}`, 'unsupported public key type "ssh-foo"');
+    rejects(`${"t".repeat(100)} ${ALICE_B64}`, `unsupported public key type "${"t".repeat(64)}"`);
+    rejects(`${ALICE_TYPE} AAAA!!!!`, "public key data is not base64");
+    rejects(`${ALICE_TYPE} !!!!AAAA`, "public key data is not base64");
+    rejects(`${ALICE_TYPE} AAAAA`, "public key data is not base64");
+    rejects(
+      `${ALICE_TYPE} AAAAAAA=`.replace("AAAAAAA=", "AAAAAAB="),
+      "public key data is not canonical base64",
+    );
+    rejects(`ssh-rsa ${ALICE_B64}`, "public key data does not match its type ssh-rsa");
+    // A length prefix that claims more bytes than follow, and a length prefix cut short.
+    rejects(
+      line(ALICE_TYPE, Buffer.from(ALICE_B64, "base64").subarray(0, 40)),
+      `public key data does not match its type ${ALICE_TYPE}`,
+    );
+    rejects(
+      line(ALICE_TYPE, Buffer.concat([Buffer.from(ALICE_B64, "base64"), Buffer.alloc(2)])),
+      `public key data does not match its type ${ALICE_TYPE}`,
+    );
+    // A zero-length last string is a well-formed blob with a field too many.
+    rejects(
+      line(ALICE_TYPE, Buffer.concat([Buffer.from(ALICE_B64, "base64"), Buffer.alloc(4)])),
+      `malformed ${ALICE_TYPE} public key`,
+    );
+  });
+
+  it("strips only a trailing marker, however many words the comment has", () => {
+    const bare = `${ALICE_TYPE} ${ALICE_B64}`;
+    expect(canonicalizePublicKey(`${bare} ${PUBLIC_KEY_MARKER}`)).toBe(`${bare} ${PUBLIC_KEY_MARKER}`);
+    expect(canonicalizePublicKey(`${bare} ${PUBLIC_KEY_MARKER} ${PUBLIC_KEY_MARKER}`)).toBe(
+      `${bare} ${PUBLIC_KEY_MARKER}`,
+    );
+    expect(canonicalizePublicKey(`${bare} my four word key`)).toBe(
+      `${bare} my four word key ${PUBLIC_KEY_MARKER}`,
+    );
+    expect(canonicalizePublicKey(`${bare} a b c d e`)).toBe(`${bare} a b c d e ${PUBLIC_KEY_MARKER}`);
+  });
+});
