@@ -382,3 +382,26 @@ describe("cleanup evidence from a real kill", () => {
     expect(parseCleanupEvidence(JSON.stringify(cleanup))).toEqual(cleanup);
   });
 });
+
+describe("BoundedCommandRunner: launch failure messages", () => {
+  const failure = async (request: Parameters<BoundedCommandRunner["run"]>[0]): Promise<Error> => {
+    const runner = new BoundedCommandRunner(undefined, FAST);
+    return (await runner.run(request).then(
+      () => {
+        throw new Error("started");
+      },
+      (e: unknown) => e,
+    )) as Error;
+  };
+
+  it("says the argv is empty, and names a missing binary with the spawn error as the cause", async () => {
+    const empty = await failure({ argv: [""] });
+    expect(empty.name).toBe("CommandLaunchError");
+    expect(empty.message).toBe("external command argv is empty");
+    const missing = join(dir, "no-such-binary");
+    const error = await failure({ argv: [missing] });
+    expect(error.name).toBe("CommandLaunchError");
+    expect(error.message).toMatch(new RegExp(`^cannot start ${missing}: spawn ${missing} ENOENT$`));
+    expect((error.cause as NodeJS.ErrnoException).code).toBe("ENOENT");
+  });
+});
