@@ -233,11 +233,19 @@ describe("BoundedCommandRunner: deadlines and interruptions", () => {
   it("kills the process group on an operator interruption", async () => {
     const controller = new AbortController();
     const pidFile = join(dir, "pids");
-    setTimeout(() => controller.abort(), 200);
+    // Interrupt once both grandchildren are running (a fixed delay lost that race under load).
+    const poll = setInterval(() => {
+      const lines = existsSync(pidFile) ? readFileSync(pidFile, "utf8").split("\n").filter(Boolean) : [];
+      if (lines.length === 2) {
+        clearInterval(poll);
+        controller.abort();
+      }
+    }, 20);
     const outcome = await new BoundedCommandRunner(controller.signal, FAST).run({
       argv: twoGrandchildren(pidFile),
       bound: OperationBound.within(20_000),
     });
+    clearInterval(poll);
     const interrupted = expectKind(outcome, "interrupted");
     expect(interrupted.kill).toEqual({ ok: true });
     expect(interrupted.cleanup).toMatchObject({
