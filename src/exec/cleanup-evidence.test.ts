@@ -59,3 +59,34 @@ describe("parseCleanupEvidence", () => {
     expect(() => parseCleanupEvidence(text)).toThrow(InvalidCleanupEvidenceError);
   });
 });
+
+describe("parseCleanupEvidence errors", () => {
+  const failure = (text: string): InvalidCleanupEvidenceError => {
+    try {
+      parseCleanupEvidence(text);
+    } catch (error) {
+      return error as InvalidCleanupEvidenceError;
+    }
+    throw new Error("accepted");
+  };
+
+  it("says the text is not JSON, with the parser's error as the cause", () => {
+    const error = failure("{");
+    expect(error.name).toBe("InvalidCleanupEvidenceError");
+    expect(error.message).toBe("cleanup evidence is not JSON");
+    expect(error.cause).toBeInstanceOf(SyntaxError);
+  });
+
+  it("names the first field that is wrong, or the root", () => {
+    expect(failure(withField("elapsed_ms", -1)).message).toBe(
+      "invalid cleanup evidence: /elapsed_ms must be >= 0",
+    );
+    expect(failure(withField("reap_grace_ms", -1)).message).toBe(
+      "invalid cleanup evidence: /reap_grace_ms must be >= 0",
+    );
+    expect(failure(withField("io_drain_grace_ms", -1)).message).toBe(
+      "invalid cleanup evidence: /io_drain_grace_ms must be >= 0",
+    );
+    expect(failure("null").message).toMatch(/^invalid cleanup evidence: \/ \S/);
+  });
+});

@@ -31,6 +31,8 @@ describe("deadlineSignal", () => {
     expect(deadline.signal.aborted).toBe(true);
     expect(deadline.signal.reason).toBeInstanceOf(DeadlineExceededError);
     expect((deadline.signal.reason as DeadlineExceededError).timeoutMs).toBe(250);
+    expect((deadline.signal.reason as Error).name).toBe("DeadlineExceededError");
+    expect((deadline.signal.reason as Error).message).toBe("deadline of 250 ms exceeded");
     expect(parent.signal.aborted).toBe(false);
   });
 

@@ -233,11 +233,19 @@ describe("BoundedCommandRunner: deadlines and interruptions", () => {
   it("kills the process group on an operator interruption", async () => {
     const controller = new AbortController();
     const pidFile = join(dir, "pids");
-    setTimeout(() => controller.abort(), 200);
+    // Interrupt once both grandchildren are running (a fixed delay lost that race under load).
+    const poll = setInterval(() => {
+      const lines = existsSync(pidFile) ? readFileSync(pidFile, "utf8").split("\n").filter(Boolean) : [];
+      if (lines.length === 2) {
+        clearInterval(poll);
+        controller.abort();
+      }
+    }, 20);
     const outcome = await new BoundedCommandRunner(controller.signal, FAST).run({
       argv: twoGrandchildren(pidFile),
       bound: OperationBound.within(20_000),
     });
+    clearInterval(poll);
     const interrupted = expectKind(outcome, "interrupted");
     expect(interrupted.kill).toEqual({ ok: true });
     expect(interrupted.cleanup).toMatchObject({
@@ -380,5 +388,28 @@ describe("cleanup evidence from a real kill", () => {
     const { cleanup } = expectKind(outcome, "expired");
     expect(cleanup).not.toBeNull();
     expect(parseCleanupEvidence(JSON.stringify(cleanup))).toEqual(cleanup);
+  });
+});
+
+describe("BoundedCommandRunner: launch failure messages", () => {
+  const failure = async (request: Parameters<BoundedCommandRunner["run"]>[0]): Promise<Error> => {
+    const runner = new BoundedCommandRunner(undefined, FAST);
+    return (await runner.run(request).then(
+      () => {
+        throw new Error("started");
+      },
+      (e: unknown) => e,
+    )) as Error;
+  };
+
+  it("says the argv is empty, and names a missing binary with the spawn error as the cause", async () => {
+    const empty = await failure({ argv: [""] });
+    expect(empty.name).toBe("CommandLaunchError");
+    expect(empty.message).toBe("external command argv is empty");
+    const missing = join(dir, "no-such-binary");
+    const error = await failure({ argv: [missing] });
+    expect(error.name).toBe("CommandLaunchError");
+    expect(error.message).toMatch(new RegExp(`^cannot start ${missing}: spawn ${missing} ENOENT$`));
+    expect((error.cause as NodeJS.ErrnoException).code).toBe("ENOENT");
   });
 });

@@ -1,4 +1,5 @@
 import { execFile } from "node:child_process";
+import { connect, createServer } from "node:net";
 import { existsSync } from "node:fs";
 import { mkdir, mkdtemp, rm, stat, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
@@ -75,7 +76,6 @@ describe("acquireHomeLock", () => {
   it("release resolves once the socket is closed (a new connection is refused)", async () => {
     const lock = await acquireHomeLock(home);
     await lock.release();
-    const { connect } = await import("node:net");
     const refused = await new Promise<boolean>((resolve) => {
       const socket = connect(socketPath());
       socket.once("connect", () => {
@@ -100,6 +100,46 @@ describe("acquireHomeLock", () => {
       await first.release();
       const again = await acquireHomeLock(home);
       await again.release();
+    },
+  );
+
+  /** Whether something listens on the home's abstract lock socket. */
+  const abstractHeld = (canonicalHome: string): Promise<boolean> =>
+    new Promise((resolve) => {
+      const socket = connect(abstractLockName(canonicalHome));
+      socket.once("connect", () => {
+        socket.destroy();
+        resolve(true);
+      });
+      socket.once("error", () => resolve(false));
+    });
+
+  it.runIf(process.platform === "linux")(
+    "is refused by an older shim that holds only the socket file, and lets go of its abstract socket",
+    async () => {
+      // An older taskshim takes only <home>/.taskshim.lock (no abstract socket).
+      const older = createServer((socket) => socket.end());
+      await new Promise<void>((resolve) => older.listen(socketPath(), resolve));
+      try {
+        const refused = await acquireHomeLock(home).catch((e: unknown) => e);
+        expect(refused).toBeInstanceOf(HomeLockedError);
+        expect(await abstractHeld(home)).toBe(false);
+      } finally {
+        await new Promise((resolve) => older.close(resolve));
+      }
+    },
+  );
+
+  it.runIf(process.platform === "linux")(
+    "passes on an error of the socket file that is not a storage fault, and lets go of its abstract socket",
+    async () => {
+      // A socket path longer than a Unix socket name may be: listen fails with EINVAL.
+      const long = join(home, "x".repeat(120));
+      await mkdir(long);
+      const error = await acquireHomeLock(long).catch((e: unknown) => e);
+      expect(error).not.toBeInstanceOf(HomeLockedError);
+      expect((error as NodeJS.ErrnoException).code).toBe("EINVAL");
+      expect(await abstractHeld(long)).toBe(false);
     },
   );
 

@@ -1,7 +1,7 @@
-import { mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
+import { mkdir, mkdtemp, readFile, rename, rm, stat, writeFile, type FileHandle } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { pino } from "pino";
+import { pino, type Logger } from "pino";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { HOME_ID_FILE, HomeIdentityError, loadHomeIdentity } from "./home-identity.js";
 import { HomeWatch } from "./home-watch.js";
@@ -24,6 +24,38 @@ describe("loadHomeIdentity", () => {
     expect(await loadHomeIdentity(home)).toBe(id);
     await writeFile(join(home, HOME_ID_FILE), "not an id\n");
     await expect(loadHomeIdentity(home)).rejects.toThrow(HomeIdentityError);
+  });
+});
+
+describe("loadHomeIdentity, in detail", () => {
+  it("names a damaged identity file and what to do about it", async () => {
+    const path = join(home, HOME_ID_FILE);
+    await writeFile(path, "not an id\n");
+    const error = await loadHomeIdentity(home).catch((e: unknown) => e);
+    expect(error).toBeInstanceOf(HomeIdentityError);
+    expect((error as Error).name).toBe("HomeIdentityError");
+    expect((error as Error).message).toBe(
+      `the home identity ${path} is damaged: restore it, or delete it to give this home a new identity`,
+    );
+  });
+
+  it("refuses an identity it cannot read (other than a missing one), with the cause, and writes none", async () => {
+    const path = join(home, HOME_ID_FILE);
+    await mkdir(path);
+    const error = await loadHomeIdentity(home).catch((e: unknown) => e);
+    expect(error).toBeInstanceOf(HomeIdentityError);
+    expect((error as Error).message).toMatch(new RegExp(`^cannot read the home identity ${path}: EISDIR`));
+    expect(((error as Error).cause as NodeJS.ErrnoException).code).toBe("EISDIR");
+  });
+
+  it("writes a new identity as one line, readable by all", async () => {
+    const id = await loadHomeIdentity(home);
+    const path = join(home, HOME_ID_FILE);
+    expect(await readFile(path, "utf8")).toBe(`${id}\n`);
+    expect((await stat(path)).mode & 0o777).toBe(0o644);
+    // Surrounding blanks are not part of it.
+    await writeFile(path, `  ${id}  \n\n`);
+    expect(await loadHomeIdentity(home)).toBe(id);
   });
 });
 
@@ -59,5 +91,133 @@ describe("HomeWatch", () => {
     } finally {
       watch.stop();
     }
+  });
+});
+
+describe("HomeWatch, in detail", () => {
+  interface Entry {
+    level: "info" | "error";
+    fields: unknown;
+    message: string;
+  }
+  /** A logger that keeps what the watch logs. */
+  function capture(): { log: Logger; entries: Entry[] } {
+    const entries: Entry[] = [];
+    const log = {
+      info: (fields: unknown, message: string) => entries.push({ level: "info", fields, message }),
+      error: (fields: unknown, message: string) => entries.push({ level: "error", fields, message }),
+    } as unknown as Logger;
+    return { log, entries };
+  }
+  const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms));
+
+  it("logs a problem once with the home and the problem, and the recovery once", async () => {
+    const id = await loadHomeIdentity(home);
+    const { log, entries } = capture();
+    const watch = await HomeWatch.start(home, id, log, 60_000);
+    try {
+      await watch.check();
+      expect(entries).toEqual([]);
+      await rm(join(home, HOME_ID_FILE));
+      const before = Date.now();
+      await watch.check();
+      const problem = `the home identity ${HOME_ID_FILE} was deleted`;
+      const degraded = watch.current();
+      expect(degraded).toMatchObject({ status: "degraded", error: problem });
+      expect((degraded as { since: number }).since).toBeGreaterThanOrEqual(before);
+      await watch.check();
+      // The same problem again is neither logged again nor re-dated.
+      expect(watch.current()).toBe(degraded);
+      expect(entries).toEqual([
+        {
+          level: "error",
+          fields: { home, problem },
+          message: "the shim's home was deleted or replaced: task state written now is lost to a restart",
+        },
+      ]);
+      await writeFile(join(home, HOME_ID_FILE), "someone-else\n");
+      await watch.check();
+      expect(watch.current()).toMatchObject({
+        status: "degraded",
+        error: `the home identity ${HOME_ID_FILE} was replaced`,
+      });
+      expect(entries).toHaveLength(2);
+      await writeFile(join(home, HOME_ID_FILE), `${id}\n`);
+      await watch.check();
+      await watch.check();
+      expect(watch.current()).toEqual({ status: "ok" });
+      expect(entries.slice(2)).toEqual([
+        { level: "info", fields: { home }, message: "home is back as it was" },
+      ]);
+    } finally {
+      watch.stop();
+    }
+  });
+
+  it("reports a home moved away and replaced while the held one still exists", async () => {
+    const id = await loadHomeIdentity(home);
+    const watch = await HomeWatch.start(home, id, pino({ level: "silent" }), 60_000);
+    try {
+      await rename(home, join(base, "moved"));
+      await mkdir(home);
+      await writeFile(join(home, HOME_ID_FILE), `${id}\n`);
+      await watch.check();
+      expect(watch.current()).toMatchObject({
+        status: "degraded",
+        error: `home ${home} was replaced by another directory`,
+      });
+    } finally {
+      watch.stop();
+    }
+  });
+
+  it("reports a home path that cannot be resolved any more as unreadable, a deleted one as deleted", async () => {
+    const id = await loadHomeIdentity(home);
+    const watch = await HomeWatch.start(home, id, pino({ level: "silent" }), 60_000);
+    try {
+      // The home's parent moves away (the home itself still exists) and a file takes its
+      // place: the path now fails with ENOTDIR, not ENOENT.
+      await rename(base, `${base}-moved`);
+      await writeFile(base, "a file");
+      await watch.check();
+      expect(watch.current()).toMatchObject({ status: "degraded", error: `home ${home} cannot be read` });
+      // Now the home itself is deleted too: the held directory says so, whatever the path does.
+      await rm(`${base}-moved`, { recursive: true });
+      await watch.check();
+      expect(watch.current()).toMatchObject({ status: "degraded", error: `home ${home} was deleted` });
+    } finally {
+      watch.stop();
+      await rm(base, { force: true });
+      await rm(`${base}-moved`, { recursive: true, force: true });
+    }
+  });
+
+  it("checks by itself every interval, without keeping the process alive, and not after stop", async () => {
+    const id = await loadHomeIdentity(home);
+    const watch = await HomeWatch.start(home, id, pino({ level: "silent" }), 10);
+    const timer = (watch as unknown as { timer: NodeJS.Timeout }).timer;
+    expect(timer.hasRef()).toBe(false);
+    await rm(join(home, HOME_ID_FILE));
+    for (let i = 0; i < 200 && watch.current().status === "ok"; i++) await sleep(10);
+    expect(watch.current()).toMatchObject({ status: "degraded" });
+    watch.stop();
+    // A check the timer started just before stop may still be under way: let it finish first.
+    await (watch as unknown as { checking: Promise<void> | undefined }).checking;
+    await writeFile(join(home, HOME_ID_FILE), `${id}\n`);
+    await sleep(60);
+    // Stopped: nobody checked again.
+    expect(watch.current()).toMatchObject({ status: "degraded" });
+  });
+
+  it("stop lets go of the held home directory", async () => {
+    const id = await loadHomeIdentity(home);
+    const watch = await HomeWatch.start(home, id, pino({ level: "silent" }), 60_000);
+    const held = (watch as unknown as { held: FileHandle }).held;
+    expect(held.fd).toBeGreaterThan(-1);
+    watch.stop();
+    for (let i = 0; i < 100 && held.fd !== -1; i++) await sleep(5);
+    expect(held.fd).toBe(-1);
+    // Stopping twice is harmless.
+    watch.stop();
   });
 });

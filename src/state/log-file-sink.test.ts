@@ -234,3 +234,86 @@ describe("LogFileSink under pino", () => {
     file.close();
   });
 });
+
+describe("LogFileSink, in detail", () => {
+  it("tells a failure and the recovery on stderr in exact words", () => {
+    const s = sink({ maxPendingBytes: 2_048 });
+    fault = "EIO";
+    expect(s.write(line(1))).toBe(true);
+    expect(notices).toEqual([
+      `taskshim: cannot write ${path} (EIO: simulated failure); up to 2 KiB of log lines are kept for it, 0 dropped so far; stdout logging continues`,
+    ]);
+    fault = undefined;
+    clock += 61_000;
+    s.write(line(2));
+    expect(notices[1]).toBe(`taskshim: ${path} is writable again after 61 s; 0 log lines dropped so far`);
+    s.close();
+  });
+
+  it("counts every line of a dropped chunk, and a chunk without a newline as one", () => {
+    const s = sink({ maxPendingBytes: 0 });
+    fault = "ENOSPC";
+    s.write(`${line(1)}${line(2)}${line(3)}`);
+    expect(s.state().droppedLines).toBe(3);
+    s.write("no newline");
+    expect(s.state().droppedLines).toBe(4);
+    s.close();
+  });
+
+  it("flushSync retries a failing file at once, within retryMs", async () => {
+    const s = sink();
+    fault = "EROFS";
+    s.write(line(1));
+    fault = undefined;
+    s.flushSync();
+    expect(await readFile(path, "utf8")).toBe(line(1));
+    expect(s.state().writable).toBe(true);
+    s.close();
+  });
+
+  it("looks for a replaced file at most once per retryMs", async () => {
+    const s = sink();
+    s.write(line(1));
+    await unlink(path);
+    // Within retryMs of the last look: the line goes to the open (deleted) file.
+    s.write(line(2));
+    expect(fs.existsSync(path)).toBe(false);
+    clock += 1_000;
+    s.write(line(3));
+    expect(await readFile(path, "utf8")).toBe(line(3));
+    s.close();
+  });
+
+  it("ends a cut line once, then writes whole lines again", async () => {
+    const s = sink();
+    room = 5;
+    s.write(`${line(1)}${line(2)}`);
+    expect(s.state().droppedLines).toBe(1);
+    room = undefined;
+    clock += 1_000;
+    s.write(line(3));
+    s.write(line(4));
+    expect(await readFile(path, "utf8")).toBe(`${line(1).slice(0, 5)}\n${line(2)}${line(3)}${line(4)}`);
+    s.close();
+  });
+
+  it("close stops the retry timer and closes the file", async () => {
+    const closed: number[] = [];
+    const s = new LogFileSink(path, {
+      fs: { ...ops, closeSync: (fd: number) => (closed.push(fd), fs.closeSync(fd)) },
+      retryMs: 20,
+      notice: (l) => notices.push(l),
+    });
+    s.write(line(1));
+    s.close();
+    expect(closed).toHaveLength(1);
+    const t = new LogFileSink(path, { fs: ops, retryMs: 20, notice: (l) => notices.push(l) });
+    fault = "EROFS";
+    t.write(line(2));
+    t.close();
+    fault = undefined;
+    await new Promise((resolve) => setTimeout(resolve, 100));
+    // No timer wrote the buffered line after close.
+    expect(await readFile(path, "utf8")).toBe(line(1));
+  });
+});
