@@ -298,6 +298,7 @@ export class TaskRunner {
     this.checkStillWanted(id);
     this.ctx.store.modify(id, (d) => {
       d.startInFlight = true;
+      // Stryker disable next-line EqualityOperator: `>=` only re-sets the status it already has
       if (statusRank(status) > statusRank(d.status)) d.status = status;
     });
     this.persister.persist(id).catch(() => undefined);
@@ -414,6 +415,7 @@ export class TaskRunner {
     this.pulls.set(id, controller);
     const bounded = deadlineSignal(this.ctx.shutdown, IMAGE_PULL_TIMEOUT_MS);
     const onAbort = (): void => controller.abort(bounded.signal.reason);
+    // Stryker disable next-line ObjectLiteral,BooleanLiteral: an AbortSignal fires "abort" once at most
     bounded.signal.addEventListener("abort", onAbort, { once: true });
     // A shutdown or terminate may have landed before the controller was registered.
     if (bounded.signal.aborted) onAbort();
