@@ -412,3 +412,55 @@ describe("matchAwsSerial", () => {
     expect(matchAwsSerial(listing, "0123")).toBeUndefined();
   });
 });
+
+describe("matchAwsSerial on real lsblk layouts", () => {
+  it("accepts aligned columns and surrounding blanks, and only a plain device name", () => {
+    expect(matchAwsSerial("nvme0n1     vol0aaaa\nnvme1n1     vol0123\n", "vol-0123")).toBe("/dev/nvme1n1");
+    expect(matchAwsSerial("  nvme1n1 vol0123  \n", "vol-0123")).toBe("/dev/nvme1n1");
+    expect(matchAwsSerial("nvme!1 vol0123\n", "vol-0123")).toBeUndefined();
+    expect(matchAwsSerial("nvme1! vol0123\n", "vol-0123")).toBeUndefined();
+    expect(matchAwsSerial("nvme1n1 vol0123 extra\n", "vol-0123")).toBeUndefined();
+  });
+
+  it("wants an EBS id that starts with vol-", () => {
+    expect(matchAwsSerial("nvme1n1 vol-0123\nnvme2n1 vol0123\n", "xvol-0123")).toBeUndefined();
+  });
+});
+
+describe("volume errors, word for word", () => {
+  it("names each error class and says what failed", () => {
+    expect(new InvalidVolumeNameError("x").name).toBe("InvalidVolumeNameError");
+    expect(new InvalidInstancePathError("x").name).toBe("InvalidInstancePathError");
+    expect(new VolumeDeviceError("x").name).toBe("VolumeDeviceError");
+    const prepare = new VolumePrepareError("data", { cause: new Error("mkfs exploded") });
+    expect([prepare.name, prepare.message]).toEqual([
+      "VolumePrepareError",
+      "format and mount volume data: mkfs exploded",
+    ]);
+    expect(new VolumePrepareError("data", {}).message).toBe("format and mount volume data: failed");
+    const unmount = new VolumeUnmountError(["/mnt/a", "/mnt/b"], [new Error("busy")]);
+    expect([unmount.name, unmount.message]).toEqual([
+      "VolumeUnmountError",
+      "failed to unmount volume(s): [/mnt/a /mnt/b]",
+    ]);
+  });
+
+  it("accepts a 128-character volume name and names a longer one by its first 128", () => {
+    const hv = new HostVolumes(new FakeCommands(host({})), { mountRoot: "/m" });
+    expect(hv.mountPointOf("v".repeat(128))).toBe(`/m/${"v".repeat(128)}`);
+    expect(() => hv.mountPointOf("v".repeat(200))).toThrow(
+      new InvalidVolumeNameError(`invalid volume name "${"v".repeat(128)}"`),
+    );
+  });
+
+  it("names a bad instance path by its first 4096 characters", async () => {
+    const long = `relative/${"p".repeat(5000)}`;
+    await expect(
+      new HostVolumes(new FakeCommands(host({}))).prepareInstanceMounts([
+        { instance_path: long, path: "/x" },
+      ]),
+    ).rejects.toThrow(
+      `instance path must be absolute and normalised: ${JSON.stringify(long.slice(0, 4096))}`,
+    );
+  });
+});
