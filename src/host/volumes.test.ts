@@ -49,9 +49,9 @@ const expired: BoundedOutcome = {
 };
 
 const FAST: Partial<VolumeTimings> = {
-  awsResolveMs: 30,
+  awsResolveMs: 1_000,
   awsPollMs: 1,
-  deviceReadyMs: 30,
+  deviceReadyMs: 1_000,
   deviceReadyPollMs: 1,
   blankConfirmPauseMs: 1,
 };
