@@ -59,11 +59,20 @@ describe("loadHomeIdentity, in detail", () => {
   });
 });
 
+/** A watch over the test home with its identity (60 s timer: checks run by hand), stopped after. */
+async function watching(run: (watch: HomeWatch, id: string) => Promise<void>): Promise<void> {
+  const id = await loadHomeIdentity(home);
+  const watch = await HomeWatch.start(home, id, pino({ level: "silent" }), 60_000);
+  try {
+    await run(watch, id);
+  } finally {
+    watch.stop();
+  }
+}
+
 describe("HomeWatch", () => {
   it("reports a deleted, then a replaced home as degraded", async () => {
-    const id = await loadHomeIdentity(home);
-    const watch = await HomeWatch.start(home, id, pino({ level: "silent" }), 60_000);
-    try {
+    await watching(async (watch, id) => {
       await watch.check();
       expect(watch.current()).toEqual({ status: "ok" });
       await rm(home, { recursive: true });
@@ -76,21 +85,15 @@ describe("HomeWatch", () => {
         status: "degraded",
         error: `home ${home} was replaced by another directory`,
       });
-    } finally {
-      watch.stop();
-    }
+    });
   });
 
   it("reports a replaced identity file", async () => {
-    const id = await loadHomeIdentity(home);
-    const watch = await HomeWatch.start(home, id, pino({ level: "silent" }), 60_000);
-    try {
+    await watching(async (watch) => {
       await writeFile(join(home, HOME_ID_FILE), "someone-else\n");
       await watch.check();
       expect(watch.current()).toMatchObject({ status: "degraded" });
-    } finally {
-      watch.stop();
-    }
+    });
   });
 });
 
@@ -155,9 +158,7 @@ describe("HomeWatch, in detail", () => {
   });
 
   it("reports a home moved away and replaced while the held one still exists", async () => {
-    const id = await loadHomeIdentity(home);
-    const watch = await HomeWatch.start(home, id, pino({ level: "silent" }), 60_000);
-    try {
+    await watching(async (watch, id) => {
       await rename(home, join(base, "moved"));
       await mkdir(home);
       await writeFile(join(home, HOME_ID_FILE), `${id}\n`);
@@ -166,9 +167,7 @@ describe("HomeWatch, in detail", () => {
         status: "degraded",
         error: `home ${home} was replaced by another directory`,
       });
-    } finally {
-      watch.stop();
-    }
+    });
   });
 
   it("reports a home path that cannot be resolved any more as unreadable, a deleted one as deleted", async () => {
