@@ -6,6 +6,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import type { FenceReport } from "../src/control/fence.js";
 import { TEST_LABEL, testDocker } from "./support/docker.js";
 import { ensureTestImages, type TestImages } from "./support/images.js";
 import { freePort, SHIM_BUNDLE, ShimProcess } from "./support/shim-process.js";
@@ -289,12 +290,7 @@ describe("taskshim fence: a host that accepts and never speaks", () => {
     // The bound (2 s) plus the cleanup; ssh's own ConnectTimeout (10 s) never came into play.
     expect(fenced.ms).toBeGreaterThanOrEqual(2_000);
     expect(fenced.ms).toBeLessThan(6_000);
-    const report = JSON.parse(fenced.stdout) as {
-      host: string;
-      via: string;
-      confirmed: boolean;
-      results: unknown[];
-    };
+    const report = JSON.parse(fenced.stdout) as FenceReport;
     expect(report).toEqual({
       host: `127.0.0.1:${port}`,
       via: "ssh",
@@ -354,12 +350,7 @@ describe("taskshim fence --shim: the shim's API, and SSH when it does not answer
     const task = await runningTask();
     const fenced = await runFence(["--shim", shim.url, "--task", task.id, "--json"]);
     expect(fenced.code).toBe(0);
-    const report = JSON.parse(fenced.stdout) as {
-      host: string;
-      via: string;
-      confirmed: boolean;
-      results: unknown[];
-    };
+    const report = JSON.parse(fenced.stdout) as FenceReport;
     expect(report).toEqual({
       host: `127.0.0.1:${shim.port}`,
       via: "api",
@@ -398,12 +389,7 @@ describe("taskshim fence --shim: the shim's API, and SSH when it does not answer
       expect(fenced.code).toBe(0);
       // The shim had its whole deadline to answer first.
       expect(fenced.ms).toBeGreaterThanOrEqual(3_000);
-      const report = JSON.parse(fenced.stdout) as {
-        host: string;
-        via: string;
-        confirmed: boolean;
-        results: unknown[];
-      };
+      const report = JSON.parse(fenced.stdout) as FenceReport;
       expect(report).toEqual({
         host: `root@127.0.0.1:${sshPort}`,
         via: "ssh",
