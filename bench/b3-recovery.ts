@@ -2,7 +2,7 @@ import { execFile } from "node:child_process";
 import { setTimeout as sleep } from "node:timers/promises";
 import { promisify } from "node:util";
 import pLimit from "p-limit";
-import { SHIM_BUNDLE, type ShimProcess } from "../test/support/shim-process.js";
+import { bundleNodeFlags, SHIM_BUNDLE, type ShimProcess } from "../test/support/shim-process.js";
 import { wallMs, type Bench } from "./lib/harness.js";
 import type { Fleet } from "./lib/fleet.js";
 import type { Row } from "./lib/report.js";
@@ -120,9 +120,11 @@ const execFileAsync = promisify(execFile);
 async function explainRestore(bench: Bench, fleet: Fleet): Promise<number> {
   const boots: number[] = [];
   const lists: number[] = [];
+  const bundle = process.env.BENCH_SHIM_BUNDLE || SHIM_BUNDLE;
+  const flags = bundleNodeFlags(bundle);
   for (let i = 0; i < 5; i++) {
     let started = performance.now();
-    await execFileAsync(process.execPath, [process.env.BENCH_SHIM_BUNDLE || SHIM_BUNDLE, "--version"]);
+    await execFileAsync(process.execPath, [...flags, bundle, "--version"]);
     boots.push(performance.now() - started);
     started = performance.now();
     await bench.docker.listContainers({ all: true, filters: { label: [TASK_LABEL] } });

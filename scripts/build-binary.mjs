@@ -5,12 +5,12 @@
 // Test builds may override the output, the version and the state-file format:
 //   node scripts/build-binary.mjs [--outfile F] [--version X.Y.Z] [--state-version N] [--no-code-cache]
 import { execFileSync, spawnSync } from "node:child_process";
-import { chmod, mkdir, mkdtemp, readFile, rename, rm, writeFile } from "node:fs/promises";
+import { chmod, mkdir, mkdtemp, rename, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { dirname, join, resolve } from "node:path";
 import { parseArgs } from "node:util";
-import { transform } from "esbuild";
 import "./check-node.mjs";
+import { NODE_FLAGS } from "./node-flags.mjs";
 
 const { values } = parseArgs({
   options: {
@@ -39,23 +39,6 @@ try {
   execFileSync(process.execPath, [join(root, "scripts/build.mjs"), "--outfile", bundle, ...passOn], {
     stdio: "inherit",
   });
-  // The bundle's comments and indentation, a third of its 3.1 MB, are dropped for the binary: V8
-  // keeps the whole source of a script in memory for as long as it runs (to compile its functions
-  // lazily), and a few non-Latin-1 characters in the comments (→, —) made it a two-byte string,
-  // 6 MB. Whitespace only: names are kept, so stack traces still name every function (their line
-  // and column point into the minified source). Idle RSS of `dist/taskshim serve` 84.3 → 78.6 MB,
-  // of which private memory 34.5 → 30.0 MB (BENCHMARKS.md).
-  const source = await readFile(bundle, "utf8");
-  const slim = await transform(source, {
-    loader: "js",
-    format: "cjs",
-    platform: "node",
-    target: "node26",
-    minifyWhitespace: true,
-    legalComments: "none",
-    logLevel: "warning",
-  });
-  await writeFile(bundle, slim.code);
   await writeFile(
     config,
     JSON.stringify({
@@ -66,9 +49,8 @@ try {
       output: built,
       disableExperimentalSEAWarning: true,
       useCodeCache: !values["no-code-cache"],
-      // The young-generation cap in every launch path (systemd, supervise, by hand): V8 grows it
-      // to 16 MB x 3 after a burst of requests and keeps it, a third of the shim's memory.
-      execArgv: ["--max-semi-space-size=2"],
+      // The flags of every launch path (systemd, supervise, by hand).
+      execArgv: NODE_FLAGS,
     }),
   );
   // Node reports success with one line, "Generated single executable <node> + <config> -> <output>":

@@ -5,7 +5,7 @@ import { resolve } from "node:path";
 import { createInterface } from "node:readline";
 import { setTimeout as sleep } from "node:timers/promises";
 import { afterAll, describe, expect, it } from "vitest";
-import { freePort, SHIM_BUNDLE, tempHome } from "./support/shim-process.js";
+import { bundleNodeFlags, freePort, SHIM_BUNDLE, tempHome } from "./support/shim-process.js";
 
 /*
  * systemd socket activation (docs/operations.md): the shim serves the listening socket it inherits as fd 3
@@ -48,7 +48,7 @@ describe("socket activation (LISTEN_FDS)", () => {
         String(GAP_MS),
         "--",
         process.execPath,
-        "--max-semi-space-size=2",
+        ...bundleNodeFlags(),
         SHIM_BUNDLE,
         "serve",
         "--shim-home",

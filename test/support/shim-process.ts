@@ -1,4 +1,5 @@
 import { spawn, type ChildProcess } from "node:child_process";
+import { closeSync, openSync, readSync } from "node:fs";
 import { mkdtemp } from "node:fs/promises";
 import { createServer } from "node:net";
 import { tmpdir } from "node:os";
@@ -7,6 +8,27 @@ import { setTimeout as sleep } from "node:timers/promises";
 
 /** The built shim every integration test runs, as a real child process. */
 export const SHIM_BUNDLE = resolve(import.meta.dirname, "../../dist/taskshim.cjs");
+
+/**
+ * The Node.js flags a bundle's shebang names (`#!/usr/bin/env -S node <flags>`, written by
+ * scripts/build.mjs from scripts/node-flags.mjs): the shim runs with them in every launch path,
+ * so the tests and benchmarks that start it with `node <bundle>` pass them too.
+ */
+export function bundleNodeFlags(bundle: string = SHIM_BUNDLE): string[] {
+  const fd = openSync(bundle, "r");
+  try {
+    const head = Buffer.alloc(512);
+    const line = head
+      .subarray(0, readSync(fd, head, 0, head.length, 0))
+      .toString("latin1")
+      .split("\n")[0];
+    const match = /^#!\/usr\/bin\/env -S node((?: --[\w=.-]+)*)$/.exec(line ?? "");
+    if (!match) throw new Error(`${bundle}: no "#!/usr/bin/env -S node" shebang on its first line`);
+    return match[1]?.split(" ").filter(Boolean) ?? [];
+  } finally {
+    closeSync(fd);
+  }
+}
 
 /** A task as `GET /api/tasks/{id}` returns it. */
 export interface TaskInfo {
@@ -93,8 +115,7 @@ export class ShimProcess {
     const child = spawn(
       process.execPath,
       [
-        // As every launch path runs it (the bundle's shebang, npm start, the systemd unit).
-        "--max-semi-space-size=2",
+        ...bundleNodeFlags(options.bundle),
         options.bundle ?? SHIM_BUNDLE,
         "serve",
         "--shim-home",
