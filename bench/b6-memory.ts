@@ -13,8 +13,12 @@ const LEAK_MARGIN_MB = 15;
 /** Cycles run at once in the leak row. */
 const CYCLE_CONCURRENCY = 20;
 
-/** The shim's resident set (VmRSS, MB): the median of samples taken 500 ms apart after a settle. */
-export async function sampleRss(shim: ShimProcess, settleMs = 3_000, samples = 5): Promise<number> {
+/**
+ * The shim's resident set (VmRSS, MB): the median of samples taken 500 ms apart after a settle
+ * of 15 s, time for one round of the shim's idle heap trim (every 10 s, src/cli/heap-trim.ts) to
+ * return what the burst before it left in the heap, as it would on a host between bursts.
+ */
+export async function sampleRss(shim: ShimProcess, settleMs = 15_000, samples = 5): Promise<number> {
   const pid = shim.child.pid;
   if (pid === undefined) throw new Error("shim has no pid");
   await sleep(settleMs);

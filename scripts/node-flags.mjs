@@ -4,4 +4,5 @@
 //
 // --max-semi-space-size=2: V8 grows the young generation to 16 MB x 3 after a burst of requests
 // and keeps it, a third of the shim's memory.
-export const NODE_FLAGS = ["--max-semi-space-size=2"];
+// --expose-gc: lets the shim return its heap's garbage once idle (src/cli/heap-trim.ts).
+export const NODE_FLAGS = ["--max-semi-space-size=2", "--expose-gc"];

@@ -18,6 +18,7 @@ import { GpuLock } from "../host/gpu-lock.js";
 import { HostVolumes } from "../host/volumes.js";
 import { armFailpoints } from "../runner/failpoints.js";
 import { Reconciler } from "../runner/reconciler.js";
+import { startHeapTrim } from "./heap-trim.js";
 import { restoreTasks } from "../runner/restore.js";
 import type { RunnerContext } from "../runner/runner-context.js";
 import { ContainerOwnership } from "../runner/ownership.js";
@@ -346,6 +347,7 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
     const events = config.testing.noEvents ? Promise.resolve() : reconciler.followEvents();
     const probing = storage.run(shutdownController.signal);
     for (const id of report.resumed) runner.startInBackground(id);
+    const stopHeapTrim = startHeapTrim();
 
     function shutdown(force: boolean): void {
       if (force) app.server.closeAllConnections();
@@ -353,6 +355,7 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
       log.info({ force }, "shutting down; containers keep running");
       stopping = (async () => {
         shutdownController.abort(new Error("shim shutting down"));
+        stopHeapTrim();
         runner.cancelPulls();
         // The API drains its open connections (up to DRAIN_TIMES) while the background jobs stop.
         await Promise.all([
