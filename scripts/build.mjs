@@ -23,13 +23,17 @@ if (values["state-version"]) define.__TASKSHIM_STATE_VERSION__ = String(Number(v
 // CLI). Bundling them costs ~1.4 MB of code and ~19 MB of memory at every start, so they are
 // replaced by a module whose every export throws when used. That also drops ssh2's optional native
 // addons, so the bundle needs no require() from disk (which a single executable cannot do).
+// prom-client's Pushgateway likewise: the shim is scraped, it never pushes, and loading that
+// module (and the http, https and zlib it takes at once) was 13 ms of every start's CPU.
+const UNUSED = /^(ssh2|@grpc\/grpc-js|@grpc\/proto-loader|protobufjs)$/;
 const unusedTransports = {
   name: "stub-unused-transports",
   setup(b) {
-    b.onResolve({ filter: /^(ssh2|@grpc\/grpc-js|@grpc\/proto-loader|protobufjs)$/ }, (args) => ({
-      path: args.path,
-      namespace: "unused-stub",
-    }));
+    b.onResolve({ filter: /.*/ }, (args) =>
+      UNUSED.test(args.path) || (args.path === "./lib/pushgateway" && args.importer.includes("/prom-client/"))
+        ? { path: args.path, namespace: "unused-stub" }
+        : undefined,
+    );
     b.onLoad({ filter: /.*/, namespace: "unused-stub" }, (args) => ({
       contents: `const fail = (name) => function () { throw new Error(${JSON.stringify(args.path)} + "." + String(name) + ": not bundled in taskshim"); };
 module.exports = new Proxy({}, { get: (_, name) => (name === "__esModule" ? false : fail(name)) });`,
