@@ -200,23 +200,6 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
     logFile.onDropped = (lines) => metrics.logLinesDropped.inc(lines);
     const docker = DockerodeClient.fromEnv(process.env.DOCKER_HOST, metrics.countEngineCall);
     const commands = new BoundedCommandRunner(interruption.signal);
-    // GPU detection (vendor tools, when installed) runs while the engine answers its ping.
-    const detecting = detectGpus(commands, {
-      ...(config.gpuFixture ? { fixturePath: config.gpuFixture } : {}),
-      log: (msg, fields) => log.warn(fields ?? {}, msg),
-      installed: (tool) => onPath(tool),
-    });
-    detecting.catch(() => undefined); // awaited below; a ping failure must not leave it unhandled
-    try {
-      await docker.ping();
-    } catch (error) {
-      throw new StartupError(
-        `docker engine unreachable (${process.env.DOCKER_HOST ?? "unix:///var/run/docker.sock"}): ${errorMessage(error)}`,
-        { cause: error },
-      );
-    }
-    const inventory = await detecting;
-    const params = containerParamsOf(config);
     // Bound below, once the TaskRunner exists: what a degraded home could not take is written when
     // the probe finds it writable again.
     let catchUp: () => Promise<boolean> = () => Promise.resolve(true);
@@ -225,18 +208,37 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
       observe: (up) => metrics.storageUp.set(up ? 1 : 0),
       catchUp: () => catchUp(),
     });
-    // A full or read-only home does not stop the start: it is reported (healthcheck, metric) and
-    // probed until it takes writes again.
-    await storage.check();
-    let homeId: string;
-    try {
-      homeId = await loadHomeIdentity(config.home);
-    } catch (error) {
+    // The engine's ping, GPU detection (vendor tools, when installed), the storage probe, the home
+    // identity and the boot id do not depend on each other: a restart waits for the slowest only.
+    const detecting = detectGpus(commands, {
+      ...(config.gpuFixture ? { fixturePath: config.gpuFixture } : {}),
+      log: (msg, fields) => log.warn(fields ?? {}, msg),
+      installed: (tool) => onPath(tool),
+    });
+    detecting.catch(() => undefined); // awaited below; a ping failure must not leave it unhandled
+    const pinged = docker.ping().catch((error: unknown) => {
+      throw new StartupError(
+        `docker engine unreachable (${process.env.DOCKER_HOST ?? "unix:///var/run/docker.sock"}): ${errorMessage(error)}`,
+        { cause: error },
+      );
+    });
+    const identified = loadHomeIdentity(config.home).catch((error: unknown) => {
       if (error instanceof HomeIdentityError) throw new StartupError(error.message, { cause: error });
-      throw new StartupError(`cannot create the home identity: ${errorMessage(error)}`, {
-        cause: error,
-      });
-    }
+      throw new StartupError(`cannot create the home identity: ${errorMessage(error)}`, { cause: error });
+    });
+    const steps = [
+      pinged.then(() => detecting),
+      identified,
+      readBootId(config.testing.bootIdFile),
+      // A full or read-only home does not stop the start: it is reported (healthcheck, metric)
+      // and probed until it takes writes again.
+      storage.check(),
+    ] as const;
+    // All of them end before a failure is reported: none still writes into the home once the
+    // failed start has released its lock.
+    await Promise.allSettled(steps);
+    const [inventory, homeId, bootId] = await Promise.all(steps);
+    const params = containerParamsOf(config);
     const homeWatch = await HomeWatch.start(config.home, homeId, log);
     stopHomeWatch = () => homeWatch.stop();
     const ownership = new ContainerOwnership(homeId, config.adoptUnowned, log, (n) =>
@@ -259,7 +261,7 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
       }),
       params,
       ownership,
-      bootId: await readBootId(config.testing.bootIdFile),
+      bootId,
       log,
       shutdown: shutdownController.signal,
       observer: metrics.observer,
@@ -268,35 +270,12 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
     const runner = new TaskRunner(ctx);
     catchUp = () => runner.catchUpStorage();
     const reconciler = new Reconciler(ctx, runner);
-    const report = await restoreTasks(ctx);
-    // What the restore reconciled (a start cut after its container started) is made durable now,
-    // or a container that vanishes before the next change would send the task back to `creating`.
-    // (On a degraded home they stay not yet durable and are written once it takes writes.)
-    for (const id of report.changed) await runner.persister.persist(id).catch(() => undefined);
-    metrics.restoredTasks.set(report.restored);
-    metrics.quarantined.set({ kind: "corrupt" }, report.quarantined.length);
-    metrics.quarantined.set({ kind: "newer-format" }, report.skippedNewer.length);
-
-    // Exits that happened while the shim was down are final before the first request. The
-    // restore's list, just taken, shows them: a second list would cost a round trip for nothing.
-    await reconciler.tick(report.listed);
-    // After the tick: tasks that ended while the shim was down no longer claim their keys.
-    await runner.reconcileHostKeys().catch((error: unknown) => {
-      log.error({ err: error }, "host keys reconcile at startup failed");
-    });
-
     const components = new ComponentService(
       { runner: config.runnerBinaryPath, shim: config.shimBinaryPath },
       commands,
       log,
       shutdownController.signal,
     );
-    const checked = components.refresh().then(() => {
-      if (config.runnerDownloadUrl && !existsSync(config.runnerBinaryPath)) {
-        components.install("dstack-runner", config.runnerDownloadUrl, undefined);
-      }
-    });
-
     let stopping: Promise<void> | undefined;
     let resolveStopped!: () => void;
     const stopped = new Promise<void>((resolve) => (resolveStopped = resolve));
@@ -315,6 +294,34 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
       requestShutdown: (force) => shutdown(force),
       homeHealth: () => homeWatch.current(),
     });
+    // fastify compiles its routes and schemas (CPU) while the restore waits on the engine and the
+    // disk; nothing listens before the restore and the first tick are done.
+    const apiReady = (async () => void (await app.ready()))();
+    apiReady.catch(() => undefined); // awaited below; a failed restore must not leave it unhandled
+    const report = await restoreTasks(ctx);
+    // What the restore reconciled (a start cut after its container started) is made durable now,
+    // or a container that vanishes before the next change would send the task back to `creating`.
+    // (On a degraded home they stay not yet durable and are written once it takes writes.)
+    for (const id of report.changed) await runner.persister.persist(id).catch(() => undefined);
+    metrics.restoredTasks.set(report.restored);
+    metrics.quarantined.set({ kind: "corrupt" }, report.quarantined.length);
+    metrics.quarantined.set({ kind: "newer-format" }, report.skippedNewer.length);
+
+    // Exits that happened while the shim was down are final before the first request. The
+    // restore's list, just taken, shows them: a second list would cost a round trip for nothing.
+    await reconciler.tick(report.listed);
+    // After the tick: tasks that ended while the shim was down no longer claim their keys.
+    await runner.reconcileHostKeys().catch((error: unknown) => {
+      log.error({ err: error }, "host keys reconcile at startup failed");
+    });
+
+    const checked = components.refresh().then(() => {
+      if (config.runnerDownloadUrl && !existsSync(config.runnerBinaryPath)) {
+        components.install("dstack-runner", config.runnerDownloadUrl, undefined);
+      }
+    });
+
+    await apiReady;
     try {
       // fastify hands its options to net.Server#listen, which serves `fd` and then ignores
       // `host`; a host other than "localhost" keeps fastify from adding a second (::1) binding.
