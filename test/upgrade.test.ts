@@ -5,7 +5,7 @@ import { join, resolve } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import { promisify } from "node:util";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { testDocker } from "./support/docker.js";
+import { removeImagesOf, testDocker } from "./support/docker.js";
 import { createUniqueImage, ensureTestImages, type TestImages } from "./support/images.js";
 import { startRegistry, type LocalRegistry } from "./support/registry.js";
 import { freePort, SHIM_BUNDLE, tempHome, type TaskInfo } from "./support/shim-process.js";
@@ -229,6 +229,7 @@ afterAll(async () => {
   supervisor?.kill("SIGTERM");
   await sleep(1_000);
   await proxy?.close();
+  if (proxy) await removeImagesOf(proxy.host);
   await registry?.stop();
 });
 

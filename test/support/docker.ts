@@ -53,6 +53,25 @@ export async function removeTestContainers(): Promise<void> {
   );
 }
 
+/**
+ * Removes the engine's tags named after a throwaway registry's host (`127.0.0.1:PORT/…`): what the
+ * registry (or a proxy in front of it) brought onto the engine goes with it, so test runs do not
+ * pile up images. Only those names: another user's images are never touched.
+ */
+export async function removeImagesOf(registryHost: string): Promise<void> {
+  const docker = testDocker();
+  const tags = (await docker.listImages()).flatMap((image) => image.RepoTags ?? []);
+  for (const tag of tags.filter((t) => t.startsWith(`${registryHost}/`))) {
+    // Untagged even while a leftover container uses it; 404: gone meanwhile.
+    await docker
+      .getImage(tag)
+      .remove({ force: true })
+      .catch((err: unknown) => {
+        if (!hasStatusCode(err, 404)) throw err;
+      });
+  }
+}
+
 /** One line of the engine's NDJSON progress stream (pull, push, import). */
 export interface ProgressMessage {
   readonly status?: string;

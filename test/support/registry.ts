@@ -8,7 +8,7 @@ import { join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import { promisify } from "node:util";
 
-import { expectProgressOk, hasStatusCode, testDocker } from "./docker.js";
+import { expectProgressOk, hasStatusCode, removeImagesOf, testDocker } from "./docker.js";
 
 const execFileAsync = promisify(execFile);
 
@@ -186,6 +186,7 @@ function makeRegistry(fields: {
           clearTimeout(timer);
         }
         await rm(dataDir, { recursive: true, force: true });
+        await removeImagesOf(host);
       })();
       return stopped;
     },
