@@ -3,6 +3,8 @@
  * the disk cannot record: where it stops, what it leaves, and what it tells the operator.
  */
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
+import type { ContainerCreateSpec } from "../docker/docker-client.js";
+import { DockerConflictError } from "../docker/docker-errors.js";
 import { UserKeysReconcileError } from "../host/authorized-keys.js";
 import { capturingLogger } from "../testing/capturing-logger.js";
 import { sshEd25519PublicKey } from "../testing/fixtures.js";
@@ -184,5 +186,59 @@ describe("TaskRunner.start steps", () => {
     expect(task.status).toBe("running");
     expect(env.docker.count("pullImage")).toBe(0);
     expect(logged("image present, pull skipped")).toMatchObject([{ taskId: task.id, image: "busybox:1.36" }]);
+  });
+});
+
+describe("TaskRunner.start failures at debug", () => {
+  const engine = new Error("engine said no");
+  const failures: [string, (env: TestEnv) => void, Record<string, unknown>][] = [
+    [
+      "host keys",
+      (e) =>
+        void vi
+          .spyOn(e.ctx.hostKeys, "reconcile")
+          .mockRejectedValue(
+            new AggregateError([new UserKeysReconcileError("ubuntu", { cause: engine })], "1 user failed"),
+          ),
+      { host_ssh_user: "ubuntu", host_ssh_keys: [sshEd25519PublicKey()] },
+    ],
+    ["pull", (e) => void e.docker.failNext("pullImage", engine), {}],
+    ["create", (e) => void e.docker.failNext("createContainer", engine), {}],
+    ["start", (e) => void e.docker.failNext("startContainer", engine), {}],
+  ];
+  it.each(failures)("keeps the cause of a failed %s in the details", async (_step, fail, body) => {
+    fail(env);
+    const task = await env.submitAndStart(body);
+    expect(task.status).toBe("terminated");
+    const [details] = logged("task failed to start (details)");
+    const err = details?.err as { stack?: string } | undefined;
+    expect(err?.stack).toContain("caused by: ");
+    expect(err?.stack).toContain("engine said no");
+  });
+});
+
+describe("TaskRunner.start with a container it did not start", () => {
+  it("adopts a running container found after a create answered 409, without starting it again", async () => {
+    env.docker.failNext("createContainer", new DockerConflictError("create: Conflict.", 409), {
+      afterEffect: true,
+    });
+    // The container the create made started meanwhile (a start request that landed earlier).
+    env.docker.onNext("inspectContainer", () => {
+      for (const c of env.docker.containers.values()) c.state = "running";
+    });
+    const task = await env.submitAndStart();
+    expect(task.status).toBe("running");
+    expect(task.containerId).toBe([...env.docker.containers.values()][0]?.id);
+    expect(env.docker.count("startContainer")).toBe(0);
+  });
+
+  it("gives a task without GPUs none of the gpu_devices it names", async () => {
+    const task = await env.submitAndStart({
+      gpu: 0,
+      gpu_devices: [{ path_on_host: "/dev/kfd", path_in_container: "/dev/kfd" }],
+    });
+    expect(task.status).toBe("running");
+    const spec = env.docker.callsOf("createContainer")[0]?.args[0] as ContainerCreateSpec;
+    expect(JSON.stringify(spec.body)).not.toContain("/dev/kfd");
   });
 });
