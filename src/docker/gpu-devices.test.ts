@@ -80,6 +80,47 @@ describe("gpuContainerConfig", () => {
     expect(() => gpuContainerConfig(NVIDIA, ["GPU-z"])).toThrow(UnknownGpuIdError);
     expect(() => gpuContainerConfig({ vendor: "none", gpus: [] }, ["x"])).toThrow(UnknownGpuIdError);
   });
+
+  it("names only the unknown ids, or every id when the host has no GPU vendor", () => {
+    const thrown = (fn: () => unknown): Error => {
+      try {
+        fn();
+      } catch (error) {
+        return error as Error;
+      }
+      throw new Error("did not throw");
+    };
+    const partly = thrown(() => gpuContainerConfig(NVIDIA, ["GPU-a", "GPU-y", "GPU-z"]));
+    expect([partly.name, partly.message]).toEqual(["UnknownGpuIdError", "unknown GPU id(s): GPU-y, GPU-z"]);
+    // A "none" inventory with GPUs listed is invalid anyway; every id is then unknown.
+    const none = thrown(() => gpuContainerConfig({ ...NVIDIA, vendor: "none" }, ["GPU-a", "GPU-b"]));
+    expect(none.message).toBe("unknown GPU id(s): GPU-a, GPU-b");
+  });
+
+  it("requests exactly the NVIDIA ids given, in order, with no driver and nothing else", () => {
+    const ids = ["GPU-b", "GPU-a"];
+    const config = gpuContainerConfig(NVIDIA, ids);
+    expect(config).toEqual({
+      deviceRequests: [
+        {
+          DeviceIDs: ["GPU-b", "GPU-a"],
+          Capabilities: [["gpu", "utility", "compute", "graphics", "video", "display", "compat32"]],
+        },
+      ],
+      devices: [],
+      capAdd: [],
+      securityOpt: [],
+      env: [],
+    });
+    // The request holds a copy: the caller's list is not shared with the container spec.
+    expect(config.deviceRequests[0]?.DeviceIDs).not.toBe(ids);
+    expect(
+      gpuContainerConfig(NVIDIA, ["GPU-a"], { nvidiaDisplay: false }).deviceRequests[0]?.Capabilities,
+    ).toEqual([["gpu", "utility", "compute", "graphics", "video", "compat32"]]);
+    expect(
+      gpuContainerConfig(NVIDIA, ["GPU-a"], { nvidiaDisplay: true }).deviceRequests[0]?.Capabilities[0],
+    ).toContain("display");
+  });
 });
 
 describe("gpuIdsFromContainer", () => {
@@ -118,6 +159,41 @@ describe("gpuIdsFromContainer", () => {
     const ids = ["/dev/dri/renderD128", "/dev/dri/renderD136"];
     const config = gpuContainerConfig(AMD_FIXTURE, ids);
     expect(gpuIdsFromContainer(AMD_FIXTURE, { Devices: [...config.devices] })).toEqual(ids);
+  });
+
+  it("drops empty and missing NVIDIA ids, and reads no ids from an empty request", () => {
+    expect(gpuIdsFromContainer(NVIDIA, { DeviceRequests: [{ DeviceIDs: ["", "GPU-b"] }] })).toEqual([
+      "GPU-b",
+    ]);
+    expect(
+      gpuIdsFromContainer(NVIDIA, { DeviceRequests: [{ DeviceIDs: [7 as unknown as string, "GPU-a"] }] }),
+    ).toEqual(["GPU-a"]);
+    expect(gpuIdsFromContainer(NVIDIA, { DeviceRequests: [{}] })).toEqual([]);
+    expect(gpuIdsFromContainer(NVIDIA, { DeviceRequests: [] })).toEqual([]);
+    expect(gpuIdsFromContainer(NVIDIA, {})).toEqual([]);
+  });
+
+  it("reads each AMD node once, skips devices without a host path, and normalises the path", () => {
+    const hostConfig = {
+      Devices: [
+        { PathInContainer: "/dev/dri/renderD136" },
+        { PathOnHost: "/dev/dri//renderD136" },
+        { PathOnHost: "/dev/dri/renderD136" },
+        { PathOnHost: "/dev/dri/../dri/renderD128" },
+      ],
+    };
+    expect(gpuIdsFromContainer(AMD, hostConfig)).toEqual(["/dev/dri/renderD136", "/dev/dri/renderD128"]);
+    expect(gpuIdsFromContainer(AMD, { Devices: null })).toEqual([]);
+    expect(gpuIdsFromContainer(AMD, {})).toEqual([]);
+  });
+
+  it("does not read NVIDIA device requests on an AMD host, nor AMD devices on an NVIDIA host", () => {
+    const both = {
+      DeviceRequests: [{ DeviceIDs: ["GPU-a"] }],
+      Devices: [{ PathOnHost: "/dev/dri/renderD128" }],
+    };
+    expect(gpuIdsFromContainer(AMD, both)).toEqual(["/dev/dri/renderD128"]);
+    expect(gpuIdsFromContainer(NVIDIA, both)).toEqual(["GPU-a"]);
   });
 
   it("finds nothing without a host config or GPUs", () => {

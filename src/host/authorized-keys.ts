@@ -59,6 +59,7 @@ export function passwdUserLookup(passwdPath = "/etc/passwd"): UserLookup {
     for (const line of content.split("\n")) {
       const fields = line.split(":");
       if (fields.length < 7 || fields[0] !== name) continue;
+      // Stryker disable next-line StringLiteral: fields.length >= 7 just above, so no default ever applies
       const [, , uid = "", gid = "", , home = ""] = fields;
       if (!/^\d+$/.test(uid) || !/^\d+$/.test(gid) || !home.startsWith("/")) continue;
       return { name, home, uid: Number(uid), gid: Number(gid) };

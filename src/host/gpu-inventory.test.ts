@@ -12,6 +12,8 @@ import {
   GpuDetectionError,
   GpuFixtureError,
   detectGpus,
+  loadGpuFixture,
+  type GpuInventory,
   parseAmdSmiStatic,
   parseNvidiaSmiCsv,
 } from "./gpu-inventory.js";
@@ -353,5 +355,279 @@ describe("detectGpus with a fixture", () => {
   ])("rejects a fixture with %s", async (_label, content) => {
     const path = content === undefined ? join(dir, "absent.json") : await fixture(content);
     await expect(detectGpus(neverRun, { fixturePath: path })).rejects.toBeInstanceOf(GpuFixtureError);
+  });
+});
+
+describe("GPU detection, word for word", () => {
+  const thrown = (fn: () => unknown): Error => {
+    try {
+      fn();
+    } catch (error) {
+      return error as Error;
+    }
+    throw new Error("did not throw");
+  };
+
+  it("names a malformed nvidia-smi line exactly, and anchors the uuid and index patterns", () => {
+    const error = thrown(() => parseNvidiaSmiCsv("No devices were found"));
+    expect([error.name, error.message]).toEqual([
+      "GpuDetectionError",
+      'unexpected nvidia-smi output line: "No devices were found"',
+    ]);
+    for (const line of [
+      "xGPU-abc, H100, 1, 570, 0",
+      "GPU-abc!, H100, 1, 570, 0",
+      "GPU-abc, H100, 1, 570, x1",
+      "GPU-abc, H100, 1, 570, 1x",
+      "GPU-abc, 1, 570, 0",
+    ]) {
+      expect(() => parseNvidiaSmiCsv(line), line).toThrow(GpuDetectionError);
+    }
+    expect(parseNvidiaSmiCsv("GPU-abc, H100, 1, 570, 12")[0]?.index).toBe(12);
+  });
+
+  it("skips blank lines, reads a negative memory size as 0 and trims the driver version", () => {
+    expect(parseNvidiaSmiCsv("  \r\nGPU-a, H100, -5, 570.86 , 0\n\t\n")).toEqual([
+      { vendor: "nvidia", name: "H100", vramMiB: 0, id: "GPU-a", index: 0, driverVersion: "570.86" },
+    ]);
+  });
+
+  it("maps every placeholder a tool prints for an unknown driver version to empty, whatever its case", () => {
+    for (const placeholder of [
+      "N/A",
+      "[N/A]",
+      "UNKNOWN",
+      "[UNKNOWN]",
+      "[Not Supported]",
+      "[NOT AVAILABLE]",
+      "n/a",
+    ]) {
+      const out = JSON.stringify([
+        { gpu: 0, bus: { bdf: "0000:0c:00.0" }, driver: { version: ` ${placeholder} ` } },
+      ]);
+      expect(parseAmdSmiStatic(out)[0]?.driverVersion, placeholder).toBe("");
+    }
+    const real = JSON.stringify([{ gpu: 0, bus: { bdf: "0000:0c:00.0" }, driver: { version: " 6.8.5 " } }]);
+    expect(parseAmdSmiStatic(real)[0]?.driverVersion).toBe("6.8.5");
+  });
+
+  it("names unreadable amd-smi output exactly, with the parse error as cause", () => {
+    const json = thrown(() => parseAmdSmiStatic("not json"));
+    expect(json.name).toBe("GpuDetectionError");
+    expect(json.message).toMatch(/^amd-smi printed invalid JSON: ./);
+    expect(json.cause).toBeInstanceOf(SyntaxError);
+    expect(thrown(() => parseAmdSmiStatic("{}")).message).toBe(
+      "amd-smi output is neither a GPU array nor {gpu_data: [...]}",
+    );
+    expect(thrown(() => parseAmdSmiStatic("5")).message).toBe(
+      "amd-smi output is neither a GPU array nor {gpu_data: [...]}",
+    );
+    const bdf = JSON.stringify([
+      { gpu: 0, bus: { bdf: "0000:0c:00.0" } },
+      { gpu: 1, bus: {} },
+    ]);
+    expect(thrown(() => parseAmdSmiStatic(bdf)).message).toBe("amd-smi GPU 1 has no valid bus.bdf");
+    for (const bad of ["x0000:0c:00.0", "0000:0c:00.0x", "0000:0c:00.8", [1]]) {
+      const out = JSON.stringify([{ gpu: 0, bus: { bdf: bad } }]);
+      expect(() => parseAmdSmiStatic(out), JSON.stringify(bad)).toThrow(GpuDetectionError);
+    }
+  });
+
+  it("reads each GPU's own index, falls back to its position for a missing or negative one, and sorts", () => {
+    const out = JSON.stringify([
+      { gpu: 3, bus: { bdf: "0000:01:00.0" } },
+      { gpu: 0, bus: { bdf: "0000:02:00.0" } },
+      { gpu: -1, bus: { bdf: "0000:03:00.0" } },
+      { gpu: "7", bus: { bdf: "0000:04:00.0" } },
+      { gpu: 1.5, bus: { bdf: "0000:05:00.0" } },
+    ]);
+    expect(parseAmdSmiStatic(out).map((gpu) => [gpu.index, gpu.bdf])).toEqual([
+      [0, "0000:02:00.0"],
+      [2, "0000:03:00.0"],
+      [3, "0000:01:00.0"],
+      [3, "0000:04:00.0"],
+      [4, "0000:05:00.0"],
+    ]);
+  });
+
+  it("trims the market name and reads the driver_version spelling of the driver section", () => {
+    const out = JSON.stringify({
+      gpu_data: [
+        {
+          gpu: 0,
+          asic: { market_name: "  MI300X  " },
+          bus: { bdf: "0000:0c:00.0" },
+          driver: { name: "amdgpu", driver_version: "6.10.5" },
+        },
+        { gpu: 1, asic: { market_name: 7 }, bus: { bdf: "0000:0d:00.0" } },
+      ],
+    });
+    expect(parseAmdSmiStatic(out)).toEqual([
+      { index: 0, name: "MI300X", vramMiB: 0, bdf: "0000:0c:00.0", driverVersion: "6.10.5" },
+      { index: 1, name: "", vramMiB: 0, bdf: "0000:0d:00.0", driverVersion: "" },
+    ]);
+  });
+
+  it("reads VRAM sizes in each form and unit, and 0 for anything it cannot read", () => {
+    const vram = (size: unknown): number | undefined =>
+      parseAmdSmiStatic(JSON.stringify([{ gpu: 0, bus: { bdf: "0000:0c:00.0" }, vram: { size } }]))[0]
+        ?.vramMiB;
+    expect(vram({ value: 2048, unit: "KB" })).toBe(2);
+    expect(vram({ value: 2, unit: "GB" })).toBe(2048);
+    expect(vram({ value: 1024, unit: "MB" })).toBe(1024);
+    expect(vram({ value: "1024", unit: "MB" })).toBe(1024);
+    expect(vram({ value: true, unit: "MB" })).toBe(0);
+    expect(vram({ value: -1, unit: "MB" })).toBe(0);
+    expect(vram({ value: "many", unit: "MB" })).toBe(0);
+    expect(vram("256GB")).toBe(262144);
+    expect(vram(" 256 GB ")).toBe(262144);
+    expect(vram("512")).toBe(512);
+    expect(vram("x256 GB")).toBe(0);
+    expect(vram("256 GB!")).toBe(0);
+    expect(vram("-256 GB")).toBe(0);
+    expect(vram(null)).toBe(0);
+  });
+});
+
+describe("detectGpus on an AMD host, word for word", () => {
+  const amdOnly = (stdoutWithDriver: BoundedOutcome) =>
+    new FakeCommands((argv) => (argv[0] === "nvidia-smi" ? missing() : stdoutWithDriver));
+
+  it("logs the amd-smi call with --driver that hung, and does not retry it", async () => {
+    const logs: [string, object | undefined][] = [];
+    const commands = amdOnly(expired);
+    await detectGpus(commands, { log: (msg, fields) => logs.push([msg, fields]) });
+    expect(logs).toEqual([
+      [
+        "GPU detection with amd-smi failed; assuming no GPUs from it",
+        { error: "amd-smi static --json --asic --vram --bus --driver: deadline exceeded after 10000 ms" },
+      ],
+    ]);
+  });
+
+  it("skips, and logs, a GPU whose render node cannot be resolved or is not a render node", async () => {
+    const logs: [string, object | undefined][] = [];
+    const nodes: Record<string, string> = {
+      "0000:0c:00.0": "/x/dev/dri/renderD128",
+      "0000:22:00.0": "/dev/dri/renderD136x",
+    };
+    const inventory = await detectGpus(amdOnly(exited(0, AMD_SMI_ROCM6)), {
+      resolveRenderNode: (bdf) => Promise.resolve(nodes[bdf] ?? ""),
+      log: (msg, fields) => logs.push([msg, fields]),
+    });
+    expect(inventory).toEqual({ vendor: "none", gpus: [] });
+    expect(logs).toEqual([
+      [
+        "skipping AMD GPU: unexpected render node",
+        { bdf: "0000:0c:00.0", renderNode: "/x/dev/dri/renderD128" },
+      ],
+      [
+        "skipping AMD GPU: unexpected render node",
+        { bdf: "0000:22:00.0", renderNode: "/dev/dri/renderD136x" },
+      ],
+    ]);
+
+    logs.length = 0;
+    await detectGpus(amdOnly(exited(0, AMD_SMI_ROCM6)), {
+      resolveRenderNode: (bdf) => Promise.reject(new Error(`no node for ${bdf}`)),
+      log: (msg, fields) => logs.push([msg, fields]),
+    });
+    expect(logs[0]).toEqual([
+      "skipping AMD GPU: cannot resolve its render node",
+      { bdf: "0000:0c:00.0", error: "Error: no node for 0000:0c:00.0" },
+    ]);
+  });
+
+  it("resolves render nodes through /dev/dri/by-path by default", async () => {
+    const logs: { bdf?: string; error?: string }[] = [];
+    await detectGpus(amdOnly(exited(0, AMD_SMI_ROCM6)), { log: (_msg, fields) => logs.push(fields ?? {}) });
+    // This machine has no AMD GPU: the lookup fails on the by-path link it names.
+    expect(logs[0]?.bdf).toBe("0000:0c:00.0");
+    expect(logs[0]?.error).toContain("'/dev/dri/by-path/pci-0000:0c:00.0-render'");
+  });
+});
+
+describe("GPU fixture validation, word for word", () => {
+  let dir: string;
+  beforeEach(async () => {
+    dir = await mkdtemp(join(tmpdir(), "gpu-fixture-"));
+  });
+  afterEach(async () => {
+    await rm(dir, { recursive: true, force: true });
+  });
+  const load = async (content: unknown): Promise<GpuInventory> => {
+    const path = join(dir, "gpus.json");
+    await writeFile(path, typeof content === "string" ? content : JSON.stringify(content));
+    return loadGpuFixture(path);
+  };
+  const rejection = async (content: unknown): Promise<Error> => {
+    const error = await load(content).then(
+      () => undefined,
+      (e: unknown) => e,
+    );
+    expect(error).toBeInstanceOf(GpuFixtureError);
+    return error as Error;
+  };
+  const amd = (gpus: unknown[], extra: object = {}) => ({
+    vendor: "amd",
+    driver_version: "6.8.5",
+    kfd_path: "/k",
+    gpus,
+    ...extra,
+  });
+  const node = (i: number) => ({ name: "MI300X", vram_mib: 1, render_node: `/r${i}` });
+
+  it("names an unreadable file, with its cause", async () => {
+    const path = join(dir, "absent.json");
+    const error = await loadGpuFixture(path).then(
+      () => undefined,
+      (e: unknown) => e as Error,
+    );
+    expect(error?.name).toBe("GpuFixtureError");
+    expect(error?.message).toMatch(new RegExp(`^cannot read GPU fixture ${path}: ENOENT`));
+    expect(error?.cause).toMatchObject({ code: "ENOENT" });
+  });
+
+  it("names a missing or unknown vendor, whatever the JSON value", async () => {
+    const path = join(dir, "gpus.json");
+    for (const content of ["null", "5", '"amd"', '{"vendor":"intel"}', "[]"]) {
+      expect((await rejection(content)).message, content).toBe(
+        `invalid GPU fixture ${path}: vendor must be "amd" or "none"`,
+      );
+    }
+  });
+
+  it("names shared host nodes", async () => {
+    expect((await rejection(amd([node(1), node(1)]))).message).toBe(
+      `invalid GPU fixture ${join(dir, "gpus.json")}: kfd_path and render nodes must be distinct`,
+    );
+  });
+
+  it("lists at most five schema problems with their JSON paths", async () => {
+    const prefix = `invalid GPU fixture ${join(dir, "gpus.json")}: `;
+    const many = await rejection(
+      amd([{ name: "" }, { name: "", vram_mib: -1 }], { kfd_path: 1, x: 1, y: 2 }),
+    );
+    expect(many.message.startsWith(prefix)).toBe(true);
+    expect(many.message.slice(prefix.length).split("; ")).toHaveLength(5);
+    // A problem at the root is named "/", one inside by its JSON path.
+    expect((await rejection({ vendor: "none", gpus: [] })).message).toBe(
+      `${prefix}/gpus schema is false; / must not have additional properties`,
+    );
+  });
+
+  it("holds each GPU and the vendor none form to the schema's limits", async () => {
+    await expect(load(amd(Array.from({ length: 64 }, (_, i) => node(i))))).resolves.toMatchObject({
+      vendor: "amd",
+    });
+    await rejection(amd(Array.from({ length: 65 }, (_, i) => node(i))));
+    await rejection(amd([{ ...node(0), name: "" }]));
+    await rejection(amd([{ ...node(0), name: "x".repeat(257) }]));
+    await expect(load(amd([{ ...node(0), name: "x".repeat(256) }]))).resolves.toMatchObject({
+      vendor: "amd",
+    });
+    await rejection(amd([{ ...node(0), extra: 1 }]));
+    await rejection(amd([node(0)], { driver_version: "x".repeat(257) }));
+    await rejection({ vendor: "none", gpus: [] });
   });
 });

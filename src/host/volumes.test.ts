@@ -1,4 +1,4 @@
-import { chmod, mkdir, mkdtemp, rm, stat, symlink } from "node:fs/promises";
+import { chmod, mkdir, mkdtemp, rm, stat, symlink, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
@@ -400,6 +400,188 @@ describe("HostVolumes", () => {
       await expect(
         volumes(new FakeCommands(host({}))).prepareInstanceMounts([{ instance_path: path, path: "/x" }]),
       ).rejects.toBeInstanceOf(InvalidInstancePathError);
+    });
+  });
+
+  describe("the I/O branches, word for word", () => {
+    const failure = async (run: Promise<unknown>): Promise<Error> => {
+      const error = await run.then(
+        () => undefined,
+        (e: unknown) => e,
+      );
+      expect(error).toBeInstanceOf(Error);
+      return error as Error;
+    };
+    const aws = (device_name: string | null, timings: Partial<VolumeTimings> = {}) => ({
+      run: (commands: CommandRunner) =>
+        new HostVolumes(commands, {
+          mountRoot,
+          diskByIdDir: byId,
+          timings: { ...FAST, ...timings },
+        }).prepareVolumes([
+          { backend: "aws", name: "ebs", volume_id: "vol-0123", init_fs: false, device_name },
+        ]),
+    });
+    const formatted = () => exited(0, "ext4\n");
+
+    it("keeps each umount failure as the cause of the aggregate, in order", async () => {
+      const [a, b] = ["a", "b"].map((name) => join(mountRoot, name));
+      const commands = new FakeCommands(
+        host({ mounted: new Set([a ?? "", b ?? ""]), failUmount: new Set([a ?? "", b ?? ""]) }),
+      );
+      const error = (await failure(
+        volumes(commands).unmountVolumes([gcp({ name: "a" }), gcp({ name: "b" })]),
+      )) as VolumeUnmountError;
+      expect(error.errors.map((e: Error) => e.message)).toEqual([
+        `umount -qf ${a}: exit status 32: target is busy`,
+        `umount -qf ${b}: exit status 32: target is busy`,
+      ]);
+    });
+
+    it("reports an instance path it cannot examine, and creates nothing", async () => {
+      const file = join(root, "a-file");
+      await writeFile(file, "");
+      const error = await failure(
+        volumes(new FakeCommands(host({}))).prepareInstanceMounts([
+          { instance_path: `${file}/sub`, path: "/x" },
+        ]),
+      );
+      // The stat's own error (not a mkdir's): nothing is created under something that is not a directory.
+      expect(error).toMatchObject({ code: "ENOTDIR", syscall: "stat" });
+    });
+
+    it("does not read a mountpoint killed by a signal as 'not mounted'", async () => {
+      const killed: BoundedOutcome = {
+        kind: "exited",
+        code: null,
+        signal: "SIGKILL",
+        stdout: Buffer.alloc(0),
+        stderr: Buffer.alloc(0),
+      };
+      const commands = new FakeCommands(() => killed);
+      const error = await failure(volumes(commands).prepareVolumes([gcp()]));
+      expect(error.message).toBe(
+        `format and mount volume data: mountpoint -q ${join(mountRoot, "data")}: killed by SIGKILL`,
+      );
+      expect(commands.calls).toHaveLength(1);
+    });
+
+    it("names a GCP volume without a device name, or with a control character in it", async () => {
+      const commands = new FakeCommands(host({}));
+      expect((await failure(volumes(commands).prepareVolumes([gcp({ device_name: null })]))).message).toBe(
+        'format and mount volume data: invalid GCP device name "" for volume vol-id',
+      );
+      expect(
+        (await failure(volumes(commands).prepareVolumes([gcp({ device_name: "pd\ndata" })]))).message,
+      ).toBe('format and mount volume data: invalid GCP device name "pd\\ndata" for volume vol-id');
+      expect(commands.argvs()).toEqual([
+        `mountpoint -q ${join(mountRoot, "data")}`,
+        `mountpoint -q ${join(mountRoot, "data")}`,
+      ]);
+    });
+
+    it("stops at a GCP partition link it cannot read instead of taking the whole disk", async () => {
+      await writeFile(join(byId, "google-pd-data-part1"), "");
+      await symlink("/dev/sdb", join(byId, "google-pd-data"));
+      const commands = new FakeCommands(host({ blkid: formatted }));
+      const error = await failure(volumes(commands).prepareVolumes([gcp()]));
+      expect(error.cause).toMatchObject({ code: "EINVAL" });
+      expect(commands.argvs().some((argv) => argv.startsWith("mount "))).toBe(false);
+    });
+
+    it("lists AWS disks by serial, then the found disk's partitions, trimming each line", async () => {
+      const commands = new FakeCommands(
+        host({ serials: () => "nvme1n1 vol0123\n", partitions: "nvme1n1 \n nvme1n1p1 \n", blkid: formatted }),
+      );
+      await aws(null).run(commands);
+      expect(commands.argvs().slice(0, 4)).toEqual([
+        `mountpoint -q ${join(mountRoot, "ebs")}`,
+        "lsblk -dn -o NAME,SERIAL",
+        "lsblk -ln -o NAME /dev/nvme1n1",
+        "lsblk -bdn -o SIZE /dev/nvme1n1p1",
+      ]);
+    });
+
+    it("falls back to an existing /dev device name when no serial matches, and only a plain one", async () => {
+      const commands = new FakeCommands(host({ blkid: formatted }));
+      await aws("/dev/null").run(commands);
+      expect(commands.argvs()).toContain(`mount /dev/null ${join(mountRoot, "ebs")}`);
+      // Existing paths, but not a plain /dev/<name>: never used.
+      const elsewhere = join(root, "dev", "disk");
+      await mkdir(join(root, "dev"));
+      await writeFile(elsewhere, "");
+      for (const name of [elsewhere, "/dev/fd/1", "/dev/"]) {
+        const refused = new FakeCommands(host({ blkid: formatted }));
+        const error = await failure(aws(name, { awsResolveMs: 30 }).run(refused));
+        expect(error.message, name).toBe(
+          "format and mount volume ebs: volume vol-0123 not found among block devices after 30 ms",
+        );
+        expect(
+          refused.argvs().some((argv) => argv.startsWith("mount ")),
+          name,
+        ).toBe(false);
+      }
+    });
+
+    it.skipIf(process.getuid?.() !== 0)("tries the Xen twin (xvd) of an sd device name", async () => {
+      const suffix = `taskshim-test-${process.pid}-${Date.now()}`;
+      const twin = `/dev/xvd${suffix}`;
+      await writeFile(twin, "");
+      try {
+        const commands = new FakeCommands(host({ blkid: formatted }));
+        await aws(`/dev/sd${suffix}`).run(commands);
+        expect(commands.argvs()).toContain(`mount ${twin} ${join(mountRoot, "ebs")}`);
+      } finally {
+        await rm(twin, { force: true });
+      }
+    });
+
+    it("names why a device is not ready: its lsblk failure, or its zero size", async () => {
+      await symlink("/dev/sdb", join(byId, "google-pd-data"));
+      const failing = new FakeCommands((argv) =>
+        argv.includes("SIZE") ? exited(32, "", "not a block device") : host({})(argv),
+      );
+      const hv = new HostVolumes(failing, {
+        mountRoot,
+        diskByIdDir: byId,
+        timings: { ...FAST, deviceReadyMs: 20 },
+      });
+      expect((await failure(hv.prepareVolumes([gcp()]))).message).toBe(
+        "format and mount volume data: device /dev/sdb is not a ready non-empty block device after 20 ms: " +
+          "lsblk -bdn -o SIZE /dev/sdb: exit status 32: not a block device",
+      );
+      const empty = new HostVolumes(new FakeCommands(host({ size: "0" })), {
+        mountRoot,
+        diskByIdDir: byId,
+        timings: { ...FAST, deviceReadyMs: 20 },
+      });
+      expect((await failure(empty.prepareVolumes([gcp()]))).message).toBe(
+        "format and mount volume data: device /dev/sdb is not a ready non-empty block device after 20 ms: device has zero size",
+      );
+    });
+
+    it("polls a device that is not ready yet at the poll interval, within its deadline", async () => {
+      await symlink("/dev/sdb", join(byId, "google-pd-data"));
+      let sizes = 0;
+      const commands = new FakeCommands((argv) =>
+        argv.includes("SIZE") ? exited(0, ++sizes < 3 ? "0\n" : "1024\n") : host({ blkid: formatted })(argv),
+      );
+      const started = Date.now();
+      await new HostVolumes(commands, {
+        mountRoot,
+        diskByIdDir: byId,
+        timings: { ...FAST, deviceReadyMs: 20_000, deviceReadyPollMs: 1 },
+      }).prepareVolumes([gcp()]);
+      expect(sizes).toBe(3);
+      // Waiting the whole deadline between polls would take 40 s.
+      expect(Date.now() - started).toBeLessThan(10_000);
+    });
+
+    it("reads a blank blkid answer with only a newline as blank", async () => {
+      await symlink("/dev/sdb", join(byId, "google-pd-data"));
+      const commands = new FakeCommands(host({ blkid: () => exited(2, "\n") }));
+      await volumes(commands).prepareVolumes([gcp()]);
+      expect(commands.argvs()).toContain("mkfs.ext4 -F /dev/sdb");
     });
   });
 });
