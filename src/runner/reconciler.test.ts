@@ -644,6 +644,107 @@ describe("Reconciler.followEvents", () => {
   });
 });
 
+describe("Reconciler.followEvents: a dropped stream", () => {
+  /** A context whose logger keeps its lines; disposed by the test. */
+  async function withLog(): Promise<{ next: TestEnv; lines: string[] }> {
+    const { log, lines } = capturingLogger();
+    return { next: await makeContext({ log }), lines };
+  }
+
+  it("ended by the engine: kicks a full tick at once (events may be lost), reconnects after 1 s and follows again", async () => {
+    const { next, lines } = await withLog();
+    try {
+      const { task, container } = await next.seedTask();
+      const kick = vi.spyOn(next.reconciler, "kick");
+      const follow = next.reconciler.followEvents();
+      await waitFor(() => next.docker.openEventStreams() === 1);
+      const droppedAt = performance.now();
+      next.docker.dropEvents();
+      await waitFor(() => kick.mock.calls.length >= 1);
+      // A kick without a task id: the list catches up on every task.
+      expect(kick.mock.calls).toEqual([[]]);
+      expect(next.docker.count("containerEvents")).toBe(1);
+      await waitFor(() => next.docker.count("containerEvents") === 2, { timeoutMs: 3_000 });
+      expect(performance.now() - droppedAt).toBeGreaterThanOrEqual(950);
+      await waitFor(() => next.docker.openEventStreams() === 1);
+      // A quiet end is no error: nothing logged about a drop.
+      expect(logged(lines, "docker event stream dropped; reconnecting")).toEqual([]);
+      // The new stream is followed: a die event of our task finalizes it.
+      next.docker.exit(container!.id, 0);
+      await waitFor(() => next.ctx.store.mustGet(task.id).status === "terminated");
+      expect(kick).toHaveBeenLastCalledWith(task.id, expect.objectContaining({ action: "die", exitCode: 0 }));
+      next.shutdownController.abort();
+      await follow;
+    } finally {
+      await next.dispose();
+    }
+  });
+
+  it("broken: logs the error at debug, kicks, and reconnects", async () => {
+    const { next, lines } = await withLog();
+    try {
+      await next.seedTask();
+      const kick = vi.spyOn(next.reconciler, "kick");
+      const follow = next.reconciler.followEvents();
+      await waitFor(() => next.docker.openEventStreams() === 1);
+      next.docker.dropEvents(new DockerUnavailableError("events: socket hang up"));
+      await waitFor(() => kick.mock.calls.length >= 1);
+      const dropped = logged(lines, "docker event stream dropped; reconnecting");
+      expect(dropped).toHaveLength(1);
+      expect(dropped[0]).toMatchObject({ level: 20, err: { message: "events: socket hang up" } });
+      await waitFor(() => next.docker.count("containerEvents") === 2, { timeoutMs: 3_000 });
+      next.shutdownController.abort();
+      await follow;
+      // Shutdown ends the stream without a "dropped" line.
+      expect(logged(lines, "docker event stream dropped; reconnecting")).toHaveLength(1);
+    } finally {
+      await next.dispose();
+    }
+  });
+
+  it("refused at connect: waits 1 s before each new attempt, not a busy loop", async () => {
+    env.docker.failNext("containerEvents", new DockerUnavailableError("events: connect ECONNREFUSED"));
+    env.docker.failNext("containerEvents", new DockerUnavailableError("events: connect ECONNREFUSED"));
+    const follow = env.reconciler.followEvents();
+    await waitFor(() => env.docker.count("containerEvents") >= 1);
+    await new Promise((resolve) => setTimeout(resolve, 500));
+    expect(env.docker.count("containerEvents")).toBe(1);
+    await waitFor(() => env.docker.count("containerEvents") === 3, { timeoutMs: 4_000 });
+    await waitFor(() => env.docker.openEventStreams() === 1);
+    env.shutdownController.abort();
+    await follow;
+  });
+
+  it("shutdown during the back-off ends at once, without another connection", async () => {
+    const follow = env.reconciler.followEvents();
+    await waitFor(() => env.docker.openEventStreams() === 1);
+    env.docker.dropEvents(new Error("events: reset"));
+    await new Promise((resolve) => setTimeout(resolve, 50));
+    const stoppingAt = performance.now();
+    env.shutdownController.abort();
+    await follow;
+    expect(performance.now() - stoppingAt).toBeLessThan(500);
+    await new Promise((resolve) => setTimeout(resolve, 1_100));
+    expect(env.docker.count("containerEvents")).toBe(1);
+  });
+
+  it("shutdown while following returns without a kick or a reconnect", async () => {
+    const kick = vi.spyOn(env.reconciler, "kick");
+    const follow = env.reconciler.followEvents();
+    await waitFor(() => env.docker.openEventStreams() === 1);
+    env.shutdownController.abort();
+    await follow;
+    expect(kick).not.toHaveBeenCalled();
+    expect(env.docker.count("containerEvents")).toBe(1);
+  });
+
+  it("does not follow at all once shut down", async () => {
+    env.shutdownController.abort();
+    await env.reconciler.followEvents();
+    expect(env.docker.count("containerEvents")).toBe(0);
+  });
+});
+
 describe("Reconciler.kick", () => {
   it("takes no fast path for a task that is not running, nor after shutdown", async () => {
     const { task } = await env.seedTask({ status: "terminated", cleanedUp: true, containerState: "exited" });
