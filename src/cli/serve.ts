@@ -363,6 +363,8 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
         await lock.release();
         log.info("shutdown complete");
         log.flush();
+        // Frees shim.log's descriptor; a line logged after this is still appended (LogFileSink.close).
+        logFile.close();
         resolveStopped();
       })();
     }
@@ -380,6 +382,7 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
     stopHomeWatch();
     await lock.release();
     log.flush();
+    logFile.close();
     throw error;
   }
 }
