@@ -373,6 +373,8 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
         await lock.release();
         log.info("shutdown complete");
         log.flush();
+        // Frees shim.log's descriptor; a line logged after this is still appended (LogFileSink.close).
+        logFile.close();
         resolveStopped();
       })();
     }
@@ -390,6 +392,7 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
     stopHomeWatch();
     await lock.release();
     log.flush();
+    logFile.close();
     throw error;
   }
 }

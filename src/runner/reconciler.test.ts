@@ -1,4 +1,5 @@
 import { readFile } from "node:fs/promises";
+import { getEventListeners } from "node:events";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
 import { DockerUnavailableError } from "../docker/docker-errors.js";
@@ -6,6 +7,7 @@ import { TASK_STATE_FILE } from "../state/task-state-file.js";
 import { capturingLogger } from "../testing/capturing-logger.js";
 import { makeContext, TEST_HOME_ID, type TestEnv } from "../testing/test-context.js";
 import { waitFor } from "../testing/wait-for.js";
+import { ContainerOwnership } from "./ownership.js";
 import type { RunnerObserver } from "./runner-context.js";
 
 let env: TestEnv;
@@ -644,6 +646,107 @@ describe("Reconciler.followEvents", () => {
   });
 });
 
+describe("Reconciler.followEvents: a dropped stream", () => {
+  /** A context whose logger keeps its lines; disposed by the test. */
+  async function withLog(): Promise<{ next: TestEnv; lines: string[] }> {
+    const { log, lines } = capturingLogger();
+    return { next: await makeContext({ log }), lines };
+  }
+
+  it("ended by the engine: kicks a full tick at once (events may be lost), reconnects after 1 s and follows again", async () => {
+    const { next, lines } = await withLog();
+    try {
+      const { task, container } = await next.seedTask();
+      const kick = vi.spyOn(next.reconciler, "kick");
+      const follow = next.reconciler.followEvents();
+      await waitFor(() => next.docker.openEventStreams() === 1);
+      const droppedAt = performance.now();
+      next.docker.dropEvents();
+      await waitFor(() => kick.mock.calls.length >= 1);
+      // A kick without a task id: the list catches up on every task.
+      expect(kick.mock.calls).toEqual([[]]);
+      expect(next.docker.count("containerEvents")).toBe(1);
+      await waitFor(() => next.docker.count("containerEvents") === 2, { timeoutMs: 3_000 });
+      expect(performance.now() - droppedAt).toBeGreaterThanOrEqual(950);
+      await waitFor(() => next.docker.openEventStreams() === 1);
+      // A quiet end is no error: nothing logged about a drop.
+      expect(logged(lines, "docker event stream dropped; reconnecting")).toEqual([]);
+      // The new stream is followed: a die event of our task finalizes it.
+      next.docker.exit(container!.id, 0);
+      await waitFor(() => next.ctx.store.mustGet(task.id).status === "terminated");
+      expect(kick).toHaveBeenLastCalledWith(task.id, expect.objectContaining({ action: "die", exitCode: 0 }));
+      next.shutdownController.abort();
+      await follow;
+    } finally {
+      await next.dispose();
+    }
+  });
+
+  it("broken: logs the error at debug, kicks, and reconnects", async () => {
+    const { next, lines } = await withLog();
+    try {
+      await next.seedTask();
+      const kick = vi.spyOn(next.reconciler, "kick");
+      const follow = next.reconciler.followEvents();
+      await waitFor(() => next.docker.openEventStreams() === 1);
+      next.docker.dropEvents(new DockerUnavailableError("events: socket hang up"));
+      await waitFor(() => kick.mock.calls.length >= 1);
+      const dropped = logged(lines, "docker event stream dropped; reconnecting");
+      expect(dropped).toHaveLength(1);
+      expect(dropped[0]).toMatchObject({ level: 20, err: { message: "events: socket hang up" } });
+      await waitFor(() => next.docker.count("containerEvents") === 2, { timeoutMs: 3_000 });
+      next.shutdownController.abort();
+      await follow;
+      // Shutdown ends the stream without a "dropped" line.
+      expect(logged(lines, "docker event stream dropped; reconnecting")).toHaveLength(1);
+    } finally {
+      await next.dispose();
+    }
+  });
+
+  it("refused at connect: waits 1 s before each new attempt, not a busy loop", async () => {
+    env.docker.failNext("containerEvents", new DockerUnavailableError("events: connect ECONNREFUSED"));
+    env.docker.failNext("containerEvents", new DockerUnavailableError("events: connect ECONNREFUSED"));
+    const follow = env.reconciler.followEvents();
+    await waitFor(() => env.docker.count("containerEvents") >= 1);
+    await new Promise((resolve) => setTimeout(resolve, 500));
+    expect(env.docker.count("containerEvents")).toBe(1);
+    await waitFor(() => env.docker.count("containerEvents") === 3, { timeoutMs: 4_000 });
+    await waitFor(() => env.docker.openEventStreams() === 1);
+    env.shutdownController.abort();
+    await follow;
+  });
+
+  it("shutdown during the back-off ends at once, without another connection", async () => {
+    const follow = env.reconciler.followEvents();
+    await waitFor(() => env.docker.openEventStreams() === 1);
+    env.docker.dropEvents(new Error("events: reset"));
+    await new Promise((resolve) => setTimeout(resolve, 50));
+    const stoppingAt = performance.now();
+    env.shutdownController.abort();
+    await follow;
+    expect(performance.now() - stoppingAt).toBeLessThan(500);
+    await new Promise((resolve) => setTimeout(resolve, 1_100));
+    expect(env.docker.count("containerEvents")).toBe(1);
+  });
+
+  it("shutdown while following returns without a kick or a reconnect", async () => {
+    const kick = vi.spyOn(env.reconciler, "kick");
+    const follow = env.reconciler.followEvents();
+    await waitFor(() => env.docker.openEventStreams() === 1);
+    env.shutdownController.abort();
+    await follow;
+    expect(kick).not.toHaveBeenCalled();
+    expect(env.docker.count("containerEvents")).toBe(1);
+  });
+
+  it("does not follow at all once shut down", async () => {
+    env.shutdownController.abort();
+    await env.reconciler.followEvents();
+    expect(env.docker.count("containerEvents")).toBe(0);
+  });
+});
+
 describe("Reconciler.kick", () => {
   it("takes no fast path for a task that is not running, nor after shutdown", async () => {
     const { task } = await env.seedTask({ status: "terminated", cleanedUp: true, containerState: "exited" });
@@ -654,5 +757,306 @@ describe("Reconciler.kick", () => {
     env.reconciler.kick(running.id);
     await new Promise((resolve) => setTimeout(resolve, 30));
     expect(env.docker.count("inspectContainer")).toBe(0);
+  });
+});
+
+describe("Reconciler: which container stands for a task", () => {
+  it("counts an unlabelled container of a task id this home does not hold as foreign", async () => {
+    const counts: number[] = [];
+    const next = await makeContext({
+      ownership: new ContainerOwnership(TEST_HOME_ID, false, undefined, (n) => counts.push(n)),
+    });
+    try {
+      await next.seedTask();
+      next.docker.addContainer({ taskId: "not-a-task-of-this-home" });
+      await next.reconciler.tick();
+      expect(counts).toEqual([1]);
+    } finally {
+      await next.dispose();
+    }
+  });
+
+  it("another container with the task's id (not the task's own) does not stand in for it", async () => {
+    const { task, container } = await env.seedTask();
+    // Listed after the task's own container: it would win a plain "last one" rule.
+    const stray = env.docker.addContainer({ taskId: task.id, state: "exited", exitCode: 9 });
+    await env.reconciler.tick();
+    expect(env.docker.count("inspectContainer")).toBe(0);
+    expect(env.ctx.store.mustGet(task.id).status).toBe("running");
+    expect(stray.id).not.toBe(container!.id);
+  });
+
+  it("a task without a container id takes the listed container of its task id", async () => {
+    const { task } = await env.seedTask({ withContainerId: false });
+    await env.reconciler.tick();
+    // Listed as running: no inspect needed.
+    expect(env.docker.count("inspectContainer")).toBe(0);
+    expect(env.ctx.store.mustGet(task.id).status).toBe("running");
+  });
+
+  it("does not inspect a task whose container is listed as restarting", async () => {
+    const { task } = await env.seedTask({ containerState: "restarting" });
+    await env.reconciler.tick();
+    expect(env.docker.count("inspectContainer")).toBe(0);
+    expect(env.ctx.store.mustGet(task.id).status).toBe("running");
+  });
+
+  it("a tick that finds the shim shutting down reconciles nothing", async () => {
+    const { task, container } = await env.seedTask();
+    env.docker.exit(container!.id, 0);
+    const listed = await env.docker.listTaskContainers();
+    env.shutdownController.abort();
+    env.docker.resetCalls();
+    await env.reconciler.tick(listed);
+    expect(env.docker.calls).toEqual([]);
+    expect(env.ctx.store.mustGet(task.id).status).toBe("running");
+  });
+});
+
+describe("Reconciler.kick: a suspect task", () => {
+  it("is inspected on the next tick even though the list still says running, then no longer", async () => {
+    const { task, container } = await env.seedTask();
+    // A tick holds the task: the fast path cannot take it, the suspect waits for the next tick.
+    const unlock = await env.ctx.store.lock(task.id);
+    env.reconciler.kick(task.id);
+    unlock();
+    await env.reconciler.tick();
+    expect(env.docker.callsOf("inspectContainer").map((c) => c.args[0])).toEqual([container!.id]);
+    expect(env.ctx.store.mustGet(task.id).status).toBe("running");
+    await env.reconciler.tick();
+    expect(env.docker.count("inspectContainer")).toBe(1);
+  });
+
+  it("the exit an inspect of a suspect finds is final, though the list said running", async () => {
+    const { task, container } = await env.seedTask();
+    const unlock = await env.ctx.store.lock(task.id);
+    env.reconciler.kick(task.id);
+    unlock();
+    // The engine's list lags behind its die event: it still lists the container as running.
+    env.docker.onNext("inspectContainer", () => {
+      const c = env.docker.mustFind(container!.id);
+      c.state = "exited";
+      c.exitCode = 0;
+    });
+    await env.reconciler.tick();
+    expect(env.ctx.store.mustGet(task.id)).toMatchObject({
+      status: "terminated",
+      terminationReason: "done_by_runner",
+    });
+  });
+
+  it("the fast path forgets its work once settled", async () => {
+    const { task, container } = await env.seedTask();
+    env.docker.exit(container!.id, 0);
+    env.reconciler.kick(task.id);
+    await waitFor(() => env.ctx.store.mustGet(task.id).cleanedUp);
+    const inFlight = (env.reconciler as unknown as { fastPath: Set<Promise<void>> }).fastPath;
+    await waitFor(() => inFlight.size === 0);
+    expect(inFlight.size).toBe(0);
+  });
+});
+
+describe("Reconciler: when a stop lands during an outage", () => {
+  it("blames the engine for exits from 1 s before the last good answer up to the recovery, not after", async () => {
+    const now = vi.spyOn(Date, "now");
+    try {
+      now.mockReturnValue(1_000_000);
+      const seeded = await Promise.all([0, 1, 2, 3, 4].map(() => env.seedTask()));
+      await env.reconciler.tick(); // up at 1_000_000
+      now.mockReturnValue(1_001_000);
+      env.docker.failNext("listTaskContainers", new DockerUnavailableError("list: down"));
+      await env.reconciler.tick(); // down
+      const finished = [998_999, 999_000, 1_002_000, 1_002_001, 1_001_500];
+      seeded.forEach(({ container }, i) => {
+        env.docker.exit(container!.id, 7, { logs: ["bye"] });
+        env.docker.mustFind(container!.id).finishedAt = new Date(finished[i]!).toISOString();
+      });
+      now.mockReturnValue(1_002_000);
+      await env.reconciler.tick(); // up again: the outage was 1_000_000..1_002_000
+      const blamed = seeded.map(({ task }) =>
+        env.ctx.store.mustGet(task.id).terminationMessage.startsWith("the docker engine was down"),
+      );
+      expect(blamed).toEqual([false, true, true, false, true]);
+    } finally {
+      now.mockRestore();
+    }
+  });
+});
+
+describe("Reconciler: a terminated task's exit code", () => {
+  it("keeps an exit code already recorded (no inspect)", async () => {
+    const { task } = await env.seedTask({ status: "terminated", containerState: "exited", exitCode: 137 });
+    await env.ctx.store.lock(task.id).then((unlock) => {
+      env.ctx.store.modify(task.id, (d) => (d.exitCode = 3));
+      unlock();
+    });
+    await env.reconciler.tick();
+    expect(env.docker.count("inspectContainer")).toBe(0);
+    expect(env.ctx.store.mustGet(task.id)).toMatchObject({ exitCode: 3, cleanedUp: true });
+  });
+
+  it("leaves alone a terminated task cleaned up by someone else while the tick listed", async () => {
+    const { task } = await env.seedTask({ status: "terminated", containerState: "exited", exitCode: 6 });
+    env.docker.onNext("listTaskContainers", () => env.runner.release(task.id));
+    await env.reconciler.tick();
+    expect(env.ctx.store.mustGet(task.id).cleanedUp).toBe(true);
+    expect(env.docker.count("inspectContainer")).toBe(0);
+    expect(env.ctx.store.mustGet(task.id).exitCode).toBeUndefined();
+  });
+
+  it("cleans up a terminated task whose container is gone, without an exit code", async () => {
+    const { task, container } = await env.seedTask({ status: "terminated", containerState: "exited" });
+    env.docker.remove(container!.id);
+    await env.reconciler.tick();
+    expect(env.docker.count("inspectContainer")).toBe(0);
+    const after = env.ctx.store.mustGet(task.id);
+    expect(after.cleanedUp).toBe(true);
+    expect(after.exitCode).toBeUndefined();
+  });
+
+  it("records no exit code when the container vanishes between the list and the inspect", async () => {
+    const { task, container } = await env.seedTask({
+      status: "terminated",
+      containerState: "exited",
+      exitCode: 4,
+    });
+    env.docker.onNext("inspectContainer", () => env.docker.remove(container!.id));
+    await env.reconciler.tick();
+    const after = env.ctx.store.mustGet(task.id);
+    expect(after.cleanedUp).toBe(true);
+    expect(after.exitCode).toBeUndefined();
+  });
+});
+
+describe("Reconciler.run: its pace", () => {
+  it("starts ticks 850 ms apart (fixed rate: a slow tick does not push the next one back)", async () => {
+    await env.seedTask();
+    const starts: number[] = [];
+    const slowList = async (): Promise<void> => {
+      starts.push(performance.now());
+      await new Promise((resolve) => setTimeout(resolve, 400));
+    };
+    env.docker.onNext("listTaskContainers", slowList);
+    env.docker.onNext("listTaskContainers", () => void starts.push(performance.now()));
+    const loop = env.reconciler.run();
+    await waitFor(() => starts.length >= 2, { timeoutMs: 3_000 });
+    env.shutdownController.abort();
+    await loop;
+    const gap = starts[1]! - starts[0]!;
+    expect(gap).toBeGreaterThanOrEqual(800);
+    expect(gap).toBeLessThan(1_200);
+  });
+
+  it("a kick during a tick makes the next tick start at once", async () => {
+    await env.seedTask();
+    const starts: number[] = [];
+    env.docker.onNext("listTaskContainers", () => {
+      starts.push(performance.now());
+      env.reconciler.kick();
+    });
+    env.docker.onNext("listTaskContainers", () => void starts.push(performance.now()));
+    const loop = env.reconciler.run();
+    await waitFor(() => starts.length >= 2, { timeoutMs: 3_000 });
+    env.shutdownController.abort();
+    await loop;
+    expect(starts[1]! - starts[0]!).toBeLessThan(500);
+  });
+
+  it("does not pile up abort listeners on the shutdown signal while it waits", async () => {
+    await env.seedTask();
+    const loop = env.reconciler.run();
+    for (let i = 1; i <= 4; i++) {
+      await waitFor(() => env.reconciler.stats.ticks >= i, { timeoutMs: 3_000 });
+      env.reconciler.kick();
+    }
+    const listeners = getEventListeners(env.ctx.shutdown, "abort").length;
+    env.shutdownController.abort();
+    await loop;
+    expect(listeners).toBeLessThanOrEqual(2);
+  });
+
+  it("waits for fast-path work in flight before it returns", async () => {
+    const { task, container } = await env.seedTask();
+    const loop = env.reconciler.run();
+    await waitFor(() => env.reconciler.stats.ticks >= 1);
+    let open!: () => void;
+    const gate = new Promise<void>((resolve) => (open = resolve));
+    env.docker.onNext("inspectContainer", () => gate);
+    env.docker.exit(container!.id, 5);
+    env.reconciler.kick(task.id);
+    await waitFor(() => env.docker.count("inspectContainer") >= 1);
+    env.shutdownController.abort();
+    let returned = false;
+    void loop.then(() => (returned = true));
+    await new Promise((resolve) => setTimeout(resolve, 50));
+    expect(returned).toBe(false);
+    open();
+    await loop;
+  });
+
+  it("logs a failed tick with its error", async () => {
+    const { log, lines } = capturingLogger();
+    let fail = true;
+    const observer = {
+      ...recordingObserver(),
+      tickDone: () => {
+        if (fail) {
+          fail = false;
+          throw new Error("observer broke");
+        }
+      },
+    };
+    const next = await makeContext({ log, observer });
+    try {
+      const loop = next.reconciler.run();
+      await waitFor(() => next.reconciler.stats.ticks >= 1);
+      await waitFor(() => logged(lines, "reconcile tick failed").length === 1);
+      next.shutdownController.abort();
+      await loop;
+      expect(logged(lines, "reconcile tick failed")[0]).toMatchObject({
+        level: 50,
+        err: { message: "observer broke" },
+      });
+    } finally {
+      await next.dispose();
+    }
+  });
+});
+
+describe("Reconciler.followEvents: which events count", () => {
+  it("logs each event at debug, and ignores an unlabelled container's event for a task id it does not hold", async () => {
+    const { log, lines } = capturingLogger();
+    const next = await makeContext({ log });
+    try {
+      const { task, container } = await next.seedTask();
+      const kick = vi.spyOn(next.reconciler, "kick");
+      const follow = next.reconciler.followEvents();
+      await waitFor(() => next.docker.openEventStreams() === 1);
+      next.docker.emit({
+        action: "die",
+        containerId: "e".repeat(64),
+        taskId: "unknown-task",
+        owner: "",
+        exitCode: 1,
+      });
+      next.docker.emit({
+        action: "die",
+        containerId: container!.id,
+        taskId: task.id,
+        owner: "",
+        exitCode: 1,
+      });
+      await waitFor(() => logged(lines, "container event").length === 2);
+      await waitFor(() => kick.mock.calls.length >= 1);
+      expect(kick.mock.calls.map((c) => c[0])).toEqual([task.id]);
+      expect(logged(lines, "container event")).toEqual([
+        expect.objectContaining({ level: 20, taskId: "unknown-task", action: "die" }),
+        expect.objectContaining({ level: 20, taskId: task.id, action: "die" }),
+      ]);
+      next.shutdownController.abort();
+      await follow;
+    } finally {
+      await next.dispose();
+    }
   });
 });

@@ -317,3 +317,112 @@ describe("LogFileSink, in detail", () => {
     expect(await readFile(path, "utf8")).toBe(line(1));
   });
 });
+
+describe("LogFileSink.close", () => {
+  /** The ops of the test, counting the descriptors opened and closed. */
+  function counting(): { ops: LogFileOps; opened: () => number; closed: () => number } {
+    let opened = 0;
+    let closed = 0;
+    return {
+      ops: {
+        ...ops,
+        openSync: (...args: Parameters<typeof fs.openSync>) => {
+          const fd = ops.openSync(...args);
+          opened++;
+          return fd;
+        },
+        closeSync: (fd: number) => {
+          closed++;
+          fs.closeSync(fd);
+        },
+      },
+      opened: () => opened,
+      closed: () => closed,
+    };
+  }
+
+  it("writes what is buffered once more before closing the file", async () => {
+    const c = counting();
+    const s = new LogFileSink(path, { fs: c.ops, now: () => clock, notice: (l) => notices.push(l) });
+    fault = "EIO";
+    s.write(line(1));
+    fault = undefined;
+    // Within retryMs: still buffered, until close tries once more.
+    s.close();
+    expect(await readFile(path, "utf8")).toBe(line(1));
+    expect(s.state()).toEqual({ writable: true, pendingBytes: 0, droppedLines: 0 });
+    expect(c.opened()).toBe(c.closed());
+  });
+
+  it("drops and counts what it still cannot write, and no timer writes it later", async () => {
+    const s = new LogFileSink(path, { fs: ops, retryMs: 20, notice: (l) => notices.push(l) });
+    let counted = 0;
+    s.onDropped = (n) => (counted += n);
+    fault = "EROFS";
+    s.write(`${line(1)}${line(2)}`);
+    s.write(line(3));
+    s.close();
+    expect(s.state()).toMatchObject({ pendingBytes: 0, droppedLines: 3 });
+    expect(counted).toBe(3);
+    fault = undefined;
+    await new Promise((resolve) => setTimeout(resolve, 100));
+    expect(fs.existsSync(path)).toBe(false);
+  });
+
+  it("a line after close is appended (not lost), and leaves no descriptor or timer open", async () => {
+    const c = counting();
+    const s = new LogFileSink(path, { fs: c.ops, now: () => clock, notice: (l) => notices.push(l) });
+    s.write(line(1));
+    s.close();
+    expect(c.opened()).toBe(1);
+    expect(c.closed()).toBe(1);
+    s.write(line(2));
+    s.write(line(3));
+    expect(await readFile(path, "utf8")).toBe(`${line(1)}${line(2)}${line(3)}`);
+    expect(c.opened()).toBe(3);
+    expect(c.closed()).toBe(3);
+    // flushSync after close opens nothing either.
+    s.flushSync();
+    expect(c.opened()).toBe(3);
+    expect(s.state()).toEqual({ writable: true, pendingBytes: 0, droppedLines: 0 });
+  });
+
+  it("a line after close that cannot be written is dropped and counted, not kept, and the next one is written", async () => {
+    const c = counting();
+    const s = new LogFileSink(path, {
+      fs: c.ops,
+      now: () => clock,
+      retryMs: 20,
+      notice: (l) => notices.push(l),
+    });
+    s.close();
+    fault = "ENOSPC";
+    s.write(`${line(1)}${line(2)}`);
+    expect(s.state()).toEqual({
+      writable: false,
+      pendingBytes: 0,
+      droppedLines: 2,
+      error: "ENOSPC: simulated failure",
+    });
+    expect(notices).toEqual([expect.stringContaining(`cannot write ${path} (ENOSPC: simulated failure)`)]);
+    fault = undefined;
+    await new Promise((resolve) => setTimeout(resolve, 60));
+    // No timer retried the dropped lines.
+    expect(fs.existsSync(path)).toBe(false);
+    s.write(line(3));
+    expect(await readFile(path, "utf8")).toBe(line(3));
+    expect(s.state()).toEqual({ writable: true, pendingBytes: 0, droppedLines: 2 });
+    expect(c.opened()).toBe(c.closed());
+  });
+
+  it("after close, a line cut by a full disk is ended on the next write and the rest of the chunk dropped", async () => {
+    const s = sink();
+    s.close();
+    room = 5;
+    s.write(`${line(1)}${line(2)}`);
+    expect(s.state().droppedLines).toBe(2);
+    room = undefined;
+    s.write(line(3));
+    expect(await readFile(path, "utf8")).toBe(`${line(1).slice(0, 5)}\n${line(3)}`);
+  });
+});

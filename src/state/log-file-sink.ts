@@ -82,6 +82,8 @@ export class LogFileSink {
   private lastAttemptAt = Number.NEGATIVE_INFINITY;
   private lastNoticeAt = Number.NEGATIVE_INFINITY;
   private retryTimer: NodeJS.Timeout | undefined;
+  /** close() was called: no descriptor is kept open and no retry timer runs any more. */
+  private closed = false;
   private readonly fs: LogFileOps;
   private readonly now: () => number;
   private readonly maxPendingBytes: number;
@@ -116,7 +118,9 @@ export class LogFileSink {
   /** Takes one or more complete lines. Never throws. */
   write(chunk: string): boolean {
     try {
-      this.writeLines(Buffer.from(chunk, "utf8"), chunk);
+      const data = Buffer.from(chunk, "utf8");
+      if (this.closed) this.appendOnce(data, chunk);
+      else this.writeLines(data, chunk);
     } catch (error) {
       // Nothing above should throw; if it does, the line is lost, never the process.
       this.drop(countLines(chunk));
@@ -127,13 +131,49 @@ export class LogFileSink {
 
   /** Writes are synchronous: nothing to flush. (pino calls this on `logger.flush()`.) */
   flushSync(): void {
-    if (this.failure) this.retry(true);
+    if (this.failure && !this.closed) this.retry(true);
   }
 
-  /** Stops retrying and closes the file; later lines are dropped. */
+  /**
+   * Makes one last attempt to write what is buffered (what still cannot be written is dropped
+   * and counted), stops retrying and closes the file. Logging does not end there: a line that
+   * comes later (work still settling while the shim stops, such as a task being finalized) is
+   * appended with its own open, write and close, so it is not lost and no descriptor or timer
+   * outlives close(). Such a line that cannot be written is dropped and counted, not kept.
+   */
   close(): void {
+    this.closed = true;
     this.stopRetrying();
+    if (this.pending.length > 0) this.retry(true);
+    this.dropPending();
     this.closeFd();
+  }
+
+  /** After close(): appends `data` through a descriptor of its own, closed before returning. */
+  private appendOnce(data: Buffer, text: string): void {
+    try {
+      this.fd = this.fs.openSync(this.path, "a", 0o600);
+    } catch (error) {
+      this.fail(error);
+      this.drop(countLines(text));
+      return;
+    }
+    try {
+      const rest = this.writeAll(data);
+      if (rest === undefined) this.failure = undefined;
+      else if (rest.length > 0) this.drop(countLines(rest.toString("utf8")));
+    } finally {
+      this.closeFd();
+    }
+  }
+
+  /** Drops (and counts) every buffered line: nothing will write them any more. */
+  private dropPending(): void {
+    if (this.pending.length === 0) return;
+    const lines = this.pending.reduce((n, chunk) => n + countLines(chunk.toString("utf8")), 0);
+    this.pending = [];
+    this.pendingBytes = 0;
+    this.drop(lines);
   }
 
   private writeLines(data: Buffer, text: string): void {
@@ -271,7 +311,7 @@ export class LogFileSink {
   }
 
   private startRetrying(): void {
-    if (this.retryTimer) return;
+    if (this.retryTimer || this.closed) return;
     // Buffered lines reach the file once it is writable again, even if nothing more is logged.
     this.retryTimer = setInterval(() => {
       try {

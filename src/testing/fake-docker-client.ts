@@ -80,6 +80,8 @@ export class FakeDockerClient implements DockerClient {
   down: Error | undefined;
   private readonly scripted = new Map<DockerMethod, Behaviour[]>();
   private readonly eventListeners = new Set<(event: ContainerEvent) => void>();
+  /** Ends each open event stream: quietly (the engine closed it) or with an error (it broke). */
+  private readonly eventStreams = new Set<(error: Error | undefined) => void>();
   private seq = 0;
 
   // --- programming the fake -------------------------------------------------------------
@@ -214,6 +216,20 @@ export class FakeDockerClient implements DockerClient {
   /** Sends an event to every follower of the event stream. */
   emit(event: ContainerEvent): void {
     for (const listener of this.eventListeners) listener(event);
+  }
+
+  /** How many event streams are open (followed and not ended). */
+  openEventStreams(): number {
+    return this.eventStreams.size;
+  }
+
+  /**
+   * Ends every open event stream after the events already sent: quietly (the engine closed the
+   * connection) or, with `error`, as a broken connection does. A real engine cannot be made to
+   * do either on demand without disturbing every other test on it.
+   */
+  dropEvents(error?: Error): void {
+    for (const end of this.eventStreams) end(error);
   }
 
   private nextId(): string {
@@ -374,16 +390,26 @@ export class FakeDockerClient implements DockerClient {
   containerEvents(signal: AbortSignal): AsyncIterable<ContainerEvent> {
     this.calls.push({ method: "containerEvents", args: [], signal });
     const listeners = this.eventListeners;
+    const streams = this.eventStreams;
+    // A scripted failure is thrown when the stream is first read (as a refused connection is).
+    const behaviour = this.scripted.get("containerEvents")?.shift();
     return {
       async *[Symbol.asyncIterator]() {
+        if (behaviour?.kind === "throw") throw behaviour.error;
         const queue: ContainerEvent[] = [];
         let wake: (() => void) | undefined;
+        let ended: { readonly error: Error | undefined } | undefined;
         const listener = (event: ContainerEvent): void => {
           queue.push(event);
           wake?.();
         };
+        const end = (error: Error | undefined): void => {
+          ended = { error };
+          wake?.();
+        };
         const onAbort = (): void => wake?.();
         listeners.add(listener);
+        streams.add(end);
         signal.addEventListener("abort", onAbort, { once: true });
         try {
           while (!signal.aborted) {
@@ -392,11 +418,16 @@ export class FakeDockerClient implements DockerClient {
               yield next;
               continue;
             }
+            if (ended) {
+              if (ended.error) throw ended.error;
+              return;
+            }
             await new Promise<void>((resolve) => (wake = resolve));
             wake = undefined;
           }
         } finally {
           listeners.delete(listener);
+          streams.delete(end);
           signal.removeEventListener("abort", onAbort);
         }
       },
