@@ -636,6 +636,44 @@ describe("LogFileSink: descriptors, timers and notices", () => {
   });
 });
 
+describe("LogFileSink: a retry that the disk cuts short", () => {
+  it("keeps the rest of a buffered chunk after a line cut by the retry, and writes it once the disk has room", async () => {
+    const s = sink();
+    fault = "EIO";
+    s.write(`${line(1)}${line(2)}`);
+    s.write(line(3));
+    fault = undefined;
+    room = 5;
+    s.flushSync();
+    // line 1 was cut (and counted); line 2 stays buffered with line 3.
+    expect(s.state()).toMatchObject({
+      writable: false,
+      pendingBytes: line(2).length + line(3).length,
+      droppedLines: 1,
+    });
+    room = undefined;
+    s.flushSync();
+    expect(await readFile(path, "utf8")).toBe(`${line(1).slice(0, 5)}\n${line(2)}${line(3)}`);
+    expect(s.state()).toEqual({ writable: true, pendingBytes: 0, droppedLines: 1 });
+    s.close();
+  });
+
+  it("drops the buffered chunk whose only line the retry cut, and keeps the next one", async () => {
+    const s = sink();
+    fault = "EIO";
+    s.write(line(1));
+    s.write(line(2));
+    fault = undefined;
+    room = 5;
+    s.flushSync();
+    expect(s.state()).toMatchObject({ pendingBytes: line(2).length, droppedLines: 1 });
+    room = undefined;
+    s.flushSync();
+    expect(await readFile(path, "utf8")).toBe(`${line(1).slice(0, 5)}\n${line(2)}`);
+    s.close();
+  });
+});
+
 describe("describeFsError, anchored", () => {
   it("takes the code only from the start of the message", () => {
     const error = Object.assign(new Error("cannot open /x, EIO: i/o error"), { code: "EIO" });
