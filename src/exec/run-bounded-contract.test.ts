@@ -259,6 +259,8 @@ describe("typed failures", () => {
       .catch((e: unknown) => e);
     expect(error).toBeInstanceOf(CommandStdinError);
     expect(((error as Error).cause as NodeJS.ErrnoException).code).toBe("EPIPE");
+    expect((error as Error).name).toBe("CommandStdinError");
+    expect((error as Error).message).toMatch(/^writing stdin of sh failed: .*EPIPE/);
   });
 
   it("a failed wait kills the group and ends as CommandWaitCleanupError with its evidence", async () => {
@@ -272,7 +274,9 @@ describe("typed failures", () => {
       .catch((e: unknown) => e);
     expect(error).toBeInstanceOf(CommandWaitCleanupError);
     const failed = error as CommandWaitCleanupError;
-    expect(failed.message).toContain("waitpid: ECHILD");
+    expect(failed.name).toBe("CommandWaitCleanupError");
+    expect(failed.message).toBe("waiting for sh failed: waitpid: ECHILD");
+    expect((failed.cause as Error).message).toBe("waitpid: ECHILD");
     expect(failed.operationElapsedMs).toBeGreaterThanOrEqual(100);
     expect(failed.operationElapsedMs).toBeLessThan(2_000);
     expect(failed.cleanup).toMatchObject({
@@ -295,7 +299,9 @@ describe("typed failures", () => {
       .run({ argv: ["sh", "-c", "sleep 0.3; exit 0"], bound: OperationBound.within(5_000) })
       .catch((e: unknown) => e);
     expect(error).toBeInstanceOf(CommandWaitError);
-    expect((error as Error).message).toContain("reading stdout");
+    expect((error as Error).name).toBe("CommandWaitError");
+    expect((error as Error).message).toBe("reading stdout of sh failed: EIO: read failed");
+    expect(((error as Error).cause as Error).message).toBe("EIO: read failed");
   });
 
   it("a missing binary ends as CommandLaunchError", async () => {

@@ -180,6 +180,9 @@ describe("BoundedCommandRunner: deadlines and interruptions", () => {
       reap_grace_ms: FAST.reapMs,
       io_drain_grace_ms: FAST.drainMs,
     });
+    // The cleanup's own time: from the kill to the drained pipes.
+    expect(expired.cleanup!.elapsed_ms).toBeGreaterThanOrEqual(0);
+    expect(expired.cleanup!.elapsed_ms).toBeLessThan(3_000);
     const pids = await readPids(pidFile, 2);
     await Promise.all(pids.map((pid) => expectGone(pid)));
   });
@@ -376,6 +379,74 @@ describe("runChecked", () => {
     expect(error).toBeInstanceOf(CommandFailedError);
     expect((error as CommandFailedError).message).toMatch(/sleep 100: deadline exceeded after \d+ ms/);
     expect((error as CommandFailedError).outcome.kind).toBe("expired");
+  });
+});
+
+describe("CommandFailedError's message", () => {
+  const exited = (code: number | null, signal: NodeJS.Signals | null, stderr: string): BoundedOutcome => ({
+    kind: "exited",
+    code,
+    signal,
+    stdout: Buffer.from("ignored"),
+    stderr: Buffer.from(stderr),
+  });
+  const cleanup = {
+    trigger: "interruption",
+    elapsed_ms: 3,
+    reap_grace_ms: 5_000,
+    io_drain_grace_ms: 5_000,
+    kill_attempted: true,
+    verified: true,
+    error: null,
+  } as const;
+
+  it("names the command, the exit status and the trimmed stderr; no stderr, no colon", () => {
+    const error = new CommandFailedError(["mkfs.ext4", "/dev/sdf"], exited(1, null, "\n  device busy \n"));
+    expect(error.name).toBe("CommandFailedError");
+    expect(error.message).toBe("mkfs.ext4 /dev/sdf: exit status 1: device busy");
+    expect(new CommandFailedError(["true"], exited(3, null, "  \n")).message).toBe("true: exit status 3");
+  });
+
+  it("names the signal, or says a signal when none is known", () => {
+    expect(new CommandFailedError(["sleep", "9"], exited(null, "SIGKILL", "")).message).toBe(
+      "sleep 9: killed by SIGKILL",
+    );
+    expect(new CommandFailedError(["sleep", "9"], exited(null, null, "")).message).toBe(
+      "sleep 9: killed by a signal",
+    );
+  });
+
+  it("says how long an interrupted or expired command ran", () => {
+    const interrupted: BoundedOutcome = {
+      kind: "interrupted",
+      kill: { ok: true },
+      operationElapsedMs: 1_234,
+      cleanup,
+    };
+    expect(new CommandFailedError(["mount", "/x"], interrupted).message).toBe(
+      "mount /x: interrupted by shutdown after 1234 ms",
+    );
+    const expired: BoundedOutcome = {
+      kind: "expired",
+      kill: { ok: true },
+      operationElapsedMs: 50,
+      cleanup: null,
+    };
+    expect(new CommandFailedError(["mount", "/x"], expired).message).toBe(
+      "mount /x: deadline exceeded after 50 ms",
+    );
+  });
+});
+
+describe("BoundedCommandRunner: stdin", () => {
+  it("gives a command without a stdin payload no stdin at all: cat ends at once", async () => {
+    const outcome = await new BoundedCommandRunner(undefined, FAST).run({
+      argv: ["cat"],
+      bound: OperationBound.within(3_000),
+    });
+    const done = expectKind(outcome, "exited");
+    expect(done.code).toBe(0);
+    expect(done.stdout.length).toBe(0);
   });
 });
 

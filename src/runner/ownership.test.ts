@@ -62,6 +62,31 @@ describe("ContainerOwnership.classify (the one rule)", () => {
     expect(counts).toEqual([2, 2]);
     expect(lines.filter((l) => l.includes("left alone"))).toHaveLength(2);
   });
+
+  it("says in the log line whose a foreign container is, with its name, id, task id and owner", () => {
+    const { log, lines } = capturingLogger();
+    const ownership = new ContainerOwnership("home-a", false, log);
+    ownership.filter([{ id: "c1", name: "other-home", taskId: "t1", owner: "home-b" }], none);
+    ownership.filter([{ id: "c2", name: "unclaimed", taskId: "t2", owner: "" }], none);
+    expect(lines.map((l) => JSON.parse(l) as Record<string, unknown>)).toEqual([
+      expect.objectContaining({
+        level: 30,
+        container: "other-home",
+        containerId: "c1",
+        taskId: "t1",
+        owner: "home-b",
+        msg: "container of another taskshim home left alone",
+      }),
+      expect.objectContaining({
+        level: 30,
+        container: "unclaimed",
+        containerId: "c2",
+        taskId: "t2",
+        owner: "",
+        msg: "labelled container without owner label and without task state here left alone (see --adopt-unowned)",
+      }),
+    ]);
+  });
 });
 
 describe("ownership in the lifecycle (O5)", () => {

@@ -328,3 +328,32 @@ describe("TaskPersister.persistChange", () => {
     expect(written).toEqual(["pending", "pending", "preparing", "preparing"]);
   });
 });
+
+describe("TaskPersister: its per-task write chains", () => {
+  it("forgets a task's chain once its last write settled, failed or not", async () => {
+    const chains = (persister as unknown as { chains: Map<string, Promise<void>> }).chains;
+    await persister.persist("t1");
+    await vi.waitFor(() => expect(chains.size).toBe(0));
+    io.fail = errno("EIO");
+    await expect(persister.persist("t1")).rejects.toThrow(TaskPersistError);
+    await vi.waitFor(() => expect(chains.size).toBe(0));
+  });
+
+  it("keeps the chain of a newer write when an older one settles", async () => {
+    const chains = (persister as unknown as { chains: Map<string, Promise<void>> }).chains;
+    let openFirst!: () => void;
+    io.gate = new Promise<void>((resolve) => (openFirst = resolve));
+    const first = persister.persist("t1");
+    await vi.waitFor(() => expect(written).toHaveLength(1));
+    const second = persister.persist("t1");
+    let openSecond!: () => void;
+    io.gate = new Promise<void>((resolve) => (openSecond = resolve));
+    openFirst();
+    await first;
+    await vi.waitFor(() => expect(written).toHaveLength(2));
+    // The second write is in flight: settle() must still find it.
+    expect(chains.has("t1")).toBe(true);
+    openSecond();
+    await second;
+  });
+});

@@ -27,6 +27,10 @@ const ops: LogFileOps = {
   },
   writeSync: ((fd: number, data: string | Buffer, offset?: number, length?: number) => {
     if (fault) throw errno(fault);
+    // As strict as the real call: a range past the buffer is a RangeError, not a short write.
+    if (typeof data !== "string" && (offset ?? 0) + (length ?? 0) > data.length) {
+      throw new RangeError("ERR_OUT_OF_RANGE: length past the buffer");
+    }
     const buf = typeof data === "string" ? Buffer.from(data) : data.subarray(offset ?? 0);
     const len = Math.min(length ?? buf.length, buf.length);
     if (room !== undefined) {
@@ -424,5 +428,255 @@ describe("LogFileSink.close", () => {
     room = undefined;
     s.write(line(3));
     expect(await readFile(path, "utf8")).toBe(`${line(1).slice(0, 5)}\n${line(3)}`);
+  });
+});
+
+describe("LogFileSink: descriptors, timers and notices", () => {
+  function counting(extra: Partial<LogFileOps> = {}): {
+    ops: LogFileOps;
+    opened: () => number;
+    closed: () => number;
+  } {
+    let opened = 0;
+    let closed = 0;
+    const base = { ...ops, ...extra };
+    return {
+      ops: {
+        ...base,
+        openSync: (...args: Parameters<typeof fs.openSync>) => {
+          const fd = base.openSync(...args);
+          opened++;
+          return fd;
+        },
+        closeSync: (fd: number) => {
+          closed++;
+          fs.closeSync(fd);
+        },
+      },
+      opened: () => opened,
+      closed: () => closed,
+    };
+  }
+  const sinkOver = (
+    o: LogFileOps,
+    options: { retryMs?: number; maxPendingBytes?: number } = {},
+  ): LogFileSink =>
+    new LogFileSink(path, {
+      fs: o,
+      now: () => clock,
+      notice: (l) => notices.push(l),
+      retryMs: 1_000,
+      ...options,
+    });
+  const refusingOpen = (code: string): Partial<LogFileOps> => ({
+    openSync: () => {
+      throw errno(code);
+    },
+  });
+
+  it("keeps a healthy file open across checks: opened once, however long it runs", async () => {
+    const c = counting();
+    const s = sinkOver(c.ops);
+    for (let i = 0; i < 5; i++) {
+      s.write(line(i));
+      clock += 1_000;
+    }
+    expect(c.opened()).toBe(1);
+    expect(c.closed()).toBe(0);
+    s.close();
+    expect(await readFile(path, "utf8")).toBe([0, 1, 2, 3, 4].map(line).join(""));
+  });
+
+  it("flushSync on a healthy sink opens nothing", () => {
+    const c = counting();
+    const s = sinkOver(c.ops);
+    s.flushSync();
+    expect(c.opened()).toBe(0);
+    expect(fs.existsSync(path)).toBe(false);
+    s.close();
+  });
+
+  it("closes the file as soon as a write fails", () => {
+    const c = counting();
+    const s = sinkOver(c.ops);
+    s.write(line(1));
+    fault = "EIO";
+    s.write(line(2));
+    expect(c.closed()).toBe(1);
+    s.close();
+  });
+
+  it("a file that cannot be opened keeps the line, with the open's error", () => {
+    const s = sinkOver({ ...ops, ...refusingOpen("EACCES") });
+    s.write(line(1));
+    expect(s.state()).toEqual({
+      writable: false,
+      pendingBytes: line(1).length,
+      droppedLines: 0,
+      error: "EACCES: simulated failure",
+    });
+    s.close();
+  });
+
+  it("after close, a file that cannot be opened drops the line with the open's error", () => {
+    const s = sinkOver({ ...ops, ...refusingOpen("EACCES") });
+    s.close();
+    s.write(line(1));
+    expect(s.state()).toEqual({
+      writable: false,
+      pendingBytes: 0,
+      droppedLines: 1,
+      error: "EACCES: simulated failure",
+    });
+  });
+
+  it("after close, a last line cut by a full disk counts as one dropped line", () => {
+    const s = sink();
+    s.close();
+    room = 5;
+    s.write(line(1));
+    expect(s.state().droppedLines).toBe(1);
+    expect(s.state().error).toBe("ENOSPC: simulated failure");
+  });
+
+  it("a last line cut by a full disk, then closed while still full, counts once", () => {
+    const s = sink();
+    room = 5;
+    s.write(line(1));
+    expect(s.state()).toMatchObject({ droppedLines: 1, pendingBytes: 0, error: "ENOSPC: simulated failure" });
+    room = 0;
+    s.close();
+    expect(s.state().droppedLines).toBe(1);
+  });
+
+  it("keeps lines up to exactly maxPendingBytes", () => {
+    const s = sink({ maxPendingBytes: 2 * line(1).length });
+    fault = "EIO";
+    s.write(line(1));
+    s.write(line(2));
+    expect(s.state()).toMatchObject({ pendingBytes: 2 * line(1).length, droppedLines: 0 });
+    s.write(line(3));
+    expect(s.state().droppedLines).toBe(1);
+    s.close();
+  });
+
+  it("tells a failure that lasts once, not once a minute, while nothing is dropped", () => {
+    const s = sink();
+    fault = "EIO";
+    for (let i = 0; i < 10; i++) {
+      s.write("x\n");
+      clock += 20_000;
+    }
+    expect(notices).toHaveLength(1);
+    s.close();
+  });
+
+  it("tells a drop again exactly one notice interval after the last notice", () => {
+    const s = sink({ maxPendingBytes: 0 });
+    fault = "EIO";
+    s.write(line(1));
+    expect(notices).toHaveLength(1);
+    clock += 59_999;
+    s.write(line(2));
+    expect(notices).toHaveLength(1);
+    clock += 1;
+    s.write(line(3));
+    expect(notices).toHaveLength(2);
+    expect(notices[1]).toContain("(EIO: simulated failure)");
+    expect(notices[1]).toContain("3 dropped so far");
+    s.close();
+  });
+
+  it("a write that throws where nothing should loses that line only, and the notice names the error", () => {
+    let broken = true;
+    const s = new LogFileSink(path, {
+      fs: ops,
+      now: () => {
+        if (broken) {
+          broken = false;
+          throw new Error("clock broke");
+        }
+        return clock;
+      },
+      notice: (l) => notices.push(l),
+    });
+    expect(s.write(`${line(1)}${line(2)}`)).toBe(true);
+    expect(s.state()).toMatchObject({ writable: false, droppedLines: 2, error: "clock broke" });
+    expect(notices).toEqual([expect.stringContaining(`cannot write ${path} (clock broke)`)]);
+    s.close();
+  });
+
+  it("its retry timer is the rate limit: it writes even when a line came just before it", async () => {
+    // The clock stands still: only a forced retry may run.
+    const s = new LogFileSink(path, {
+      fs: ops,
+      now: () => clock,
+      retryMs: 20,
+      notice: (l) => notices.push(l),
+    });
+    fault = "EROFS";
+    s.write(line(1));
+    fault = undefined;
+    await new Promise((resolve) => setTimeout(resolve, 100));
+    expect(await readFile(path, "utf8")).toBe(line(1));
+    s.close();
+  });
+
+  it("the retry timer does not hold the process, and stops once the file is writable again", () => {
+    const s = sink();
+    fault = "EROFS";
+    s.write(line(1));
+    const timer = (s as unknown as { retryTimer: NodeJS.Timeout | undefined }).retryTimer;
+    expect(timer?.hasRef()).toBe(false);
+    fault = undefined;
+    clock += 1_000;
+    s.write(line(2));
+    expect((s as unknown as { retryTimer: NodeJS.Timeout | undefined }).retryTimer).toBeUndefined();
+    s.close();
+  });
+});
+
+describe("LogFileSink: a retry that the disk cuts short", () => {
+  it("keeps the rest of a buffered chunk after a line cut by the retry, and writes it once the disk has room", async () => {
+    const s = sink();
+    fault = "EIO";
+    s.write(`${line(1)}${line(2)}`);
+    s.write(line(3));
+    fault = undefined;
+    room = 5;
+    s.flushSync();
+    // line 1 was cut (and counted); line 2 stays buffered with line 3.
+    expect(s.state()).toMatchObject({
+      writable: false,
+      pendingBytes: line(2).length + line(3).length,
+      droppedLines: 1,
+    });
+    room = undefined;
+    s.flushSync();
+    expect(await readFile(path, "utf8")).toBe(`${line(1).slice(0, 5)}\n${line(2)}${line(3)}`);
+    expect(s.state()).toEqual({ writable: true, pendingBytes: 0, droppedLines: 1 });
+    s.close();
+  });
+
+  it("drops the buffered chunk whose only line the retry cut, and keeps the next one", async () => {
+    const s = sink();
+    fault = "EIO";
+    s.write(line(1));
+    s.write(line(2));
+    fault = undefined;
+    room = 5;
+    s.flushSync();
+    expect(s.state()).toMatchObject({ pendingBytes: line(2).length, droppedLines: 1 });
+    room = undefined;
+    s.flushSync();
+    expect(await readFile(path, "utf8")).toBe(`${line(1).slice(0, 5)}\n${line(2)}`);
+    s.close();
+  });
+});
+
+describe("describeFsError, anchored", () => {
+  it("takes the code only from the start of the message", () => {
+    const error = Object.assign(new Error("cannot open /x, EIO: i/o error"), { code: "EIO" });
+    expect(describeFsError(error)).toBe("EIO: cannot open /x, EIO: i/o error");
   });
 });

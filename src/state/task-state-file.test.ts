@@ -159,10 +159,26 @@ describe("task.json round trip", () => {
       started_at: "2026-01-02T03:05:00.000Z",
       finished_at: "2026-01-02T04:00:00.000Z",
     });
-    expect(decodeTaskState(text)).toMatchObject({ created_at: "2026-01-02T03:04:05.006Z" });
+    expect(decodeTaskState(text)).toMatchObject({
+      created_at: "2026-01-02T03:04:05.006Z",
+      started_at: "2026-01-02T03:05:00.000Z",
+      finished_at: "2026-01-02T04:00:00.000Z",
+    });
     const none = decodeTaskState(encodeTaskState(makeTask({ status: "pending" }), BOOT_ID));
     expect(none.started_at).toBeUndefined();
     expect(none.finished_at).toBeUndefined();
+    expect("started_at" in none).toBe(false);
+    expect("finished_at" in none).toBe(false);
+  });
+
+  it("drops a time it cannot read instead of keeping it", () => {
+    const raw = JSON.parse(encodeTaskState(makeTask(), BOOT_ID)) as Record<string, unknown>;
+    const decoded = decodeTaskState(
+      JSON.stringify({ ...raw, created_at: "yesterday", started_at: 12, finished_at: "not a time" }),
+    );
+    expect("created_at" in decoded).toBe(false);
+    expect("started_at" in decoded).toBe(false);
+    expect("finished_at" in decoded).toBe(false);
   });
 
   it("keeps an exit code of null (it can never be known) apart from one not known yet", () => {
