@@ -18,7 +18,6 @@ import { GpuLock } from "../host/gpu-lock.js";
 import { HostVolumes } from "../host/volumes.js";
 import { armFailpoints } from "../runner/failpoints.js";
 import { Reconciler } from "../runner/reconciler.js";
-import { startHeapTrim } from "./heap-trim.js";
 import { restoreTasks } from "../runner/restore.js";
 import type { RunnerContext } from "../runner/runner-context.js";
 import { ContainerOwnership } from "../runner/ownership.js";
@@ -31,6 +30,7 @@ import { StorageHealth } from "../state/storage-health.js";
 import { TaskDirs } from "../state/task-dirs.js";
 import { TaskStore } from "../tasks/task-store.js";
 import { VERSION } from "../version.js";
+import { startHeapTrim } from "./heap-trim.js";
 import { listenTarget, type ListenTarget } from "./listen-target.js";
 import { errorMessage } from "../errors/error-message.js";
 

@@ -1,6 +1,6 @@
 import { chmod, mkdtemp, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
-import { join } from "node:path";
+import { join, relative } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { onPath } from "./on-path.js";
 
@@ -33,5 +33,17 @@ describe("onPath", () => {
   it("checks a name with a slash as it is, whatever PATH says", async () => {
     expect(await onPath(join(dir, "tool"), "")).toBe(true);
     expect(await onPath(join(other, "tool"), dir)).toBe(false);
+  });
+
+  it("ignores relative PATH entries (they would depend on the working directory)", async () => {
+    const fromCwd = relative(process.cwd(), dir);
+    expect(await onPath("tool", fromCwd)).toBe(false);
+    expect(await onPath("tool", `${fromCwd}:`)).toBe(false);
+    expect(await onPath("tool", `${fromCwd}:${dir}`)).toBe(true);
+  });
+
+  it("searches the process's own PATH by default", async () => {
+    expect(await onPath("sh")).toBe(true);
+    expect(await onPath("no-such-program-on-any-path")).toBe(false);
   });
 });
