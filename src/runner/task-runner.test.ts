@@ -1,4 +1,3 @@
-import { setTimeout as sleep } from "node:timers/promises";
 import { existsSync, readFileSync } from "node:fs";
 import { readFile, rm, symlink } from "node:fs/promises";
 import { join } from "node:path";
@@ -101,9 +100,13 @@ describe("TaskRunner.submit", () => {
 
 describe("TaskRunner.start", () => {
   it("asks the engine once for an image that concurrent starts share, and again for a later start", async () => {
-    // A check that takes a while, as the engine's does under a burst of submits.
+    // A check that lasts until all three starts wait on it, as the engine's may under a burst of
+    // submits. A start asks right after it shows `pulling` (in the same run of microtasks), so
+    // once a poll sees all three `pulling`, all three have asked.
+    let answer!: () => void;
+    const answered = new Promise<void>((resolve) => (answer = resolve));
     const imageExists = vi.spyOn(env.docker, "imageExists").mockImplementation(async () => {
-      await sleep(50);
+      await answered;
       return true;
     });
     const submitAll = (ids: string[]) =>
@@ -114,6 +117,8 @@ describe("TaskRunner.start", () => {
         }),
       );
     await submitAll(["a", "b", "c"]);
+    await waitFor(() => ["a", "b", "c"].every((id) => env.ctx.store.get(id)?.status === "pulling"));
+    answer();
     await env.runner.awaitStarts();
     expect(imageExists).toHaveBeenCalledTimes(1);
     await submitAll(["d"]);
