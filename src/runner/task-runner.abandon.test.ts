@@ -202,6 +202,7 @@ describe("TaskRunner.start failures at debug", () => {
           ),
       { host_ssh_user: "ubuntu", host_ssh_keys: [sshEd25519PublicKey()] },
     ],
+    ["volumes", (e) => void vi.spyOn(e.ctx.volumes, "prepareVolumes").mockRejectedValue(engine), {}],
     ["pull", (e) => void e.docker.failNext("pullImage", engine), {}],
     ["create", (e) => void e.docker.failNext("createContainer", engine), {}],
     ["start", (e) => void e.docker.failNext("startContainer", engine), {}],
