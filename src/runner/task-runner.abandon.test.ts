@@ -35,7 +35,7 @@ const VOLUME = { backend: "aws", name: "data", volume_id: "vol-0abc" };
 
 describe("TaskRunner.start overtaken", () => {
   it("stops before the image when a task without GPUs is terminated while it prepares", async () => {
-    armFailpoints("after-state:preparing=1*delay(150)");
+    armFailpoints("after-state:preparing=1*delay(500)");
     const task = await env.submit();
     await waitFor(() => env.ctx.store.mustGet(task.id).status === "preparing");
     await env.runner.terminate(task.id, 0, "terminated_by_user", "");
@@ -59,8 +59,10 @@ describe("TaskRunner.start overtaken", () => {
   });
 
   it("mounts no volume for a task terminated while it took its GPUs", async () => {
-    armFailpoints("after-gpu-acquire=1*delay(150)");
-    const prepareVolumes = vi.spyOn(env.ctx.volumes, "prepareVolumes");
+    // A second for the terminate to land between the acquire and its commit, even on a loaded
+    // machine; a lost race fails the assertion below instead of waiting for a real device.
+    armFailpoints("after-gpu-acquire=1*delay(1000)");
+    const prepareVolumes = vi.spyOn(env.ctx.volumes, "prepareVolumes").mockResolvedValue(undefined);
     const task = await env.submit({ gpu: 1, volumes: [VOLUME] });
     await waitFor(() => env.ctx.gpuLock.lockedIds().length === 1);
     await env.runner.terminate(task.id, 0, "terminated_by_user", "");
@@ -72,7 +74,7 @@ describe("TaskRunner.start overtaken", () => {
   });
 
   it("creates no container for a task terminated just before the create, and hands its GPUs back", async () => {
-    armFailpoints("after-state:creating=1*delay(150)");
+    armFailpoints("after-state:creating=1*delay(500)");
     const task = await env.submit({ gpu: 1 });
     await waitFor(() => env.ctx.store.mustGet(task.id).status === "creating");
     await env.runner.terminate(task.id, 0, "terminated_by_user", "bye");
@@ -90,7 +92,7 @@ describe("TaskRunner.start overtaken", () => {
   });
 
   it("creates no container for a task removed just before the create", async () => {
-    armFailpoints("after-state:creating=1*delay(150)");
+    armFailpoints("after-state:creating=1*delay(500)");
     const task = await env.submit();
     await waitFor(() => env.ctx.store.mustGet(task.id).status === "creating");
     env.ctx.store.delete(task.id);
