@@ -235,6 +235,23 @@ describe("TaskRunner.start with a container it did not start", () => {
     expect(env.docker.count("startContainer")).toBe(0);
   });
 
+  it("logs the running task with its container", async () => {
+    const task = await env.submitAndStart();
+    expect(logged("task running")).toEqual([
+      expect.objectContaining({ taskId: task.id, containerId: task.containerId }),
+    ]);
+  });
+
+  it("says why the container did not start when its logs cannot be read either", async () => {
+    env.docker.failNext("startContainer", new Error("start: OCI runtime error"));
+    env.docker.failNext("containerLogTail", new Error("logs: engine gone"));
+    const task = await env.submitAndStart();
+    expect(task).toMatchObject({
+      terminationReason: "container_exited_with_error",
+      terminationMessage: "startContainer error: start: OCI runtime error",
+    });
+  });
+
   it("gives a task without GPUs none of the gpu_devices it names", async () => {
     const task = await env.submitAndStart({
       gpu: 0,
