@@ -3,6 +3,7 @@ import {
   armFailpoints,
   failpoint,
   FailpointError,
+  FAILPOINTS_ENV,
   InvalidFailpointsError,
   parseFailpoints,
 } from "./failpoints.js";
@@ -24,6 +25,10 @@ async function pending(promise: Promise<void> | undefined): Promise<boolean> {
 }
 
 describe("failpoints", () => {
+  it("are armed through the documented environment variable", () => {
+    expect(FAILPOINTS_ENV).toBe("TASKSHIM_FAILPOINTS");
+  });
+
   it("are off by default: a point returns undefined synchronously", () => {
     expect(failpoint("after-taskdir")).toBeUndefined();
   });

@@ -35,7 +35,7 @@ const VOLUME = { backend: "aws", name: "data", volume_id: "vol-0abc" };
 
 describe("TaskRunner.start overtaken", () => {
   it("stops before the image when a task without GPUs is terminated while it prepares", async () => {
-    armFailpoints("after-state:preparing=1*delay(150)");
+    armFailpoints("after-state:preparing=1*delay(500)");
     const task = await env.submit();
     await waitFor(() => env.ctx.store.mustGet(task.id).status === "preparing");
     await env.runner.terminate(task.id, 0, "terminated_by_user", "");
@@ -59,8 +59,10 @@ describe("TaskRunner.start overtaken", () => {
   });
 
   it("mounts no volume for a task terminated while it took its GPUs", async () => {
-    armFailpoints("after-gpu-acquire=1*delay(150)");
-    const prepareVolumes = vi.spyOn(env.ctx.volumes, "prepareVolumes");
+    // A second for the terminate to land between the acquire and its commit, even on a loaded
+    // machine; a lost race fails the assertion below instead of waiting for a real device.
+    armFailpoints("after-gpu-acquire=1*delay(1000)");
+    const prepareVolumes = vi.spyOn(env.ctx.volumes, "prepareVolumes").mockResolvedValue(undefined);
     const task = await env.submit({ gpu: 1, volumes: [VOLUME] });
     await waitFor(() => env.ctx.gpuLock.lockedIds().length === 1);
     await env.runner.terminate(task.id, 0, "terminated_by_user", "");
@@ -72,7 +74,7 @@ describe("TaskRunner.start overtaken", () => {
   });
 
   it("creates no container for a task terminated just before the create, and hands its GPUs back", async () => {
-    armFailpoints("after-state:creating=1*delay(150)");
+    armFailpoints("after-state:creating=1*delay(500)");
     const task = await env.submit({ gpu: 1 });
     await waitFor(() => env.ctx.store.mustGet(task.id).status === "creating");
     await env.runner.terminate(task.id, 0, "terminated_by_user", "bye");
@@ -90,7 +92,7 @@ describe("TaskRunner.start overtaken", () => {
   });
 
   it("creates no container for a task removed just before the create", async () => {
-    armFailpoints("after-state:creating=1*delay(150)");
+    armFailpoints("after-state:creating=1*delay(500)");
     const task = await env.submit();
     await waitFor(() => env.ctx.store.mustGet(task.id).status === "creating");
     env.ctx.store.delete(task.id);
@@ -202,6 +204,7 @@ describe("TaskRunner.start failures at debug", () => {
           ),
       { host_ssh_user: "ubuntu", host_ssh_keys: [sshEd25519PublicKey()] },
     ],
+    ["volumes", (e) => void vi.spyOn(e.ctx.volumes, "prepareVolumes").mockRejectedValue(engine), {}],
     ["pull", (e) => void e.docker.failNext("pullImage", engine), {}],
     ["create", (e) => void e.docker.failNext("createContainer", engine), {}],
     ["start", (e) => void e.docker.failNext("startContainer", engine), {}],
@@ -230,6 +233,23 @@ describe("TaskRunner.start with a container it did not start", () => {
     expect(task.status).toBe("running");
     expect(task.containerId).toBe([...env.docker.containers.values()][0]?.id);
     expect(env.docker.count("startContainer")).toBe(0);
+  });
+
+  it("logs the running task with its container", async () => {
+    const task = await env.submitAndStart();
+    expect(logged("task running")).toEqual([
+      expect.objectContaining({ taskId: task.id, containerId: task.containerId }),
+    ]);
+  });
+
+  it("says why the container did not start when its logs cannot be read either", async () => {
+    env.docker.failNext("startContainer", new Error("start: OCI runtime error"));
+    env.docker.failNext("containerLogTail", new Error("logs: engine gone"));
+    const task = await env.submitAndStart();
+    expect(task).toMatchObject({
+      terminationReason: "container_exited_with_error",
+      terminationMessage: "startContainer error: start: OCI runtime error",
+    });
   });
 
   it("gives a task without GPUs none of the gpu_devices it names", async () => {

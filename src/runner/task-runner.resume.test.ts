@@ -2,6 +2,7 @@
  * A start resumed after a restart (the container may exist already), terminate and remove on
  * their less common paths, and the host keys every live task needs.
  */
+import { existsSync } from "node:fs";
 import { mkdir } from "node:fs/promises";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
@@ -266,5 +267,6 @@ describe("TaskRunner.submit into an existing task dir", () => {
     expect(error).toBeInstanceOf(TaskOperationError);
     expect((error as Error).message).toMatch(new RegExp(`^failed to create task ${config.id}: E[A-Z]+`));
     expect(env.ctx.store.get(config.id)).toBeUndefined();
+    expect(existsSync(join(dir, REGISTRY_AUTH_FILE))).toBe(true);
   });
 });
