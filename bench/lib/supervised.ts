@@ -119,8 +119,10 @@ export class SupervisedShim {
     for (const line of this.logs.split("\n")) {
       if (!line.includes('"shim exited; restarting"')) continue;
       try {
-        const entry = JSON.parse(line) as { time?: number };
-        if (typeof entry.time === "number") times.push(entry.time);
+        // The supervisor writes ISO times (`taskshim supervise`); a number is accepted too.
+        const entry = JSON.parse(line) as { time?: number | string };
+        const time = typeof entry.time === "string" ? Date.parse(entry.time) : entry.time;
+        if (typeof time === "number" && Number.isFinite(time)) times.push(time);
       } catch {
         // not a whole log line
       }
