@@ -2,34 +2,21 @@
  * A start that is overtaken (its task terminated or removed underneath it) or that fails in a way
  * the disk cannot record: where it stops, what it leaves, and what it tells the operator.
  */
-import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
+import { describe, expect, it, vi } from "vitest";
 import type { ContainerCreateSpec } from "../docker/docker-client.js";
 import { DockerConflictError } from "../docker/docker-errors.js";
 import { UserKeysReconcileError } from "../host/authorized-keys.js";
-import { capturingLogger } from "../testing/capturing-logger.js";
 import { sshEd25519PublicKey } from "../testing/fixtures.js";
-import { makeContext, type TestEnv } from "../testing/test-context.js";
+import type { TestEnv } from "../testing/test-context.js";
+import { loggedAs, useRunnerEnv } from "../testing/runner-env.js";
 import { waitFor } from "../testing/wait-for.js";
 import { armFailpoints } from "./failpoints.js";
 import type { RunnerObserver } from "./runner-context.js";
 
 let env: TestEnv;
 let lines: string[];
-
-beforeEach(async () => {
-  const captured = capturingLogger();
-  lines = captured.lines;
-  env = await makeContext({ log: captured.log });
-});
-afterEach(async () => {
-  armFailpoints(undefined);
-  vi.restoreAllMocks();
-  await env.dispose();
-});
-
-/** The parsed log lines whose `msg` is `msg`. */
-const logged = (msg: string): Record<string, unknown>[] =>
-  lines.map((l) => JSON.parse(l) as Record<string, unknown>).filter((l) => l.msg === msg);
+useRunnerEnv((current) => ({ env, lines } = current));
+const logged = (msg: string): Record<string, unknown>[] => loggedAs(lines, msg);
 
 const VOLUME = { backend: "aws", name: "data", volume_id: "vol-0abc" };
 

@@ -5,12 +5,12 @@
  */
 import { existsSync, readFileSync } from "node:fs";
 import { join } from "node:path";
-import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
+import { describe, expect, it, vi } from "vitest";
 import { StorageUnavailableError } from "../state/storage-health.js";
-import { capturingLogger } from "../testing/capturing-logger.js";
 import { sshEd25519PublicKey, taskConfig } from "../testing/fixtures.js";
 import { stalledPullStream, SUCCESSFUL_PULL_LINES } from "../testing/pull-streams.js";
-import { makeContext, type TestEnv } from "../testing/test-context.js";
+import type { TestEnv } from "../testing/test-context.js";
+import { loggedAs, useRunnerEnv } from "../testing/runner-env.js";
 import { waitFor } from "../testing/wait-for.js";
 import { armFailpoints } from "./failpoints.js";
 import type { RunnerObserver } from "./runner-context.js";
@@ -19,20 +19,8 @@ import { TaskConflictError, TaskOperationError, TaskStateError } from "./task-ru
 
 let env: TestEnv;
 let lines: string[];
-
-beforeEach(async () => {
-  const captured = capturingLogger();
-  lines = captured.lines;
-  env = await makeContext({ log: captured.log });
-});
-afterEach(async () => {
-  armFailpoints(undefined);
-  await env.dispose();
-});
-
-/** The parsed log lines whose `msg` is `msg`. */
-const logged = (msg: string): Record<string, unknown>[] =>
-  lines.map((l) => JSON.parse(l) as Record<string, unknown>).filter((l) => l.msg === msg);
+useRunnerEnv((current) => ({ env, lines } = current));
+const logged = (msg: string): Record<string, unknown>[] => loggedAs(lines, msg);
 
 const foreignMessage = (id: string): string =>
   `task ${id} has a state file of a newer taskshim version; only that version may change it`;

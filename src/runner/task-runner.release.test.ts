@@ -2,33 +2,20 @@
  * Terminate, release and remove: who releases a task's resources and when (never under a start
  * that is still mounting), what a repeated terminate says, and what a remove leaves behind.
  */
-import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
+import { describe, expect, it, vi } from "vitest";
 import { LABEL_IS_TASK, LABEL_OWNER, LABEL_TASK_ID } from "../docker/docker-client.js";
-import { capturingLogger } from "../testing/capturing-logger.js";
 import { sshEd25519PublicKey } from "../testing/fixtures.js";
 import { stalledPullStream, SUCCESSFUL_PULL_LINES } from "../testing/pull-streams.js";
-import { makeContext, TEST_HOME_ID, type TestEnv } from "../testing/test-context.js";
+import { TEST_HOME_ID, type TestEnv } from "../testing/test-context.js";
+import { loggedAs, useRunnerEnv } from "../testing/runner-env.js";
 import { waitFor } from "../testing/wait-for.js";
 import { armFailpoints } from "./failpoints.js";
 import type { RunnerObserver } from "./runner-context.js";
 
 let env: TestEnv;
 let lines: string[];
-
-beforeEach(async () => {
-  const captured = capturingLogger();
-  lines = captured.lines;
-  env = await makeContext({ log: captured.log });
-});
-afterEach(async () => {
-  armFailpoints(undefined);
-  vi.restoreAllMocks();
-  await env.dispose();
-});
-
-/** The parsed log lines whose `msg` is `msg`. */
-const logged = (msg: string): Record<string, unknown>[] =>
-  lines.map((l) => JSON.parse(l) as Record<string, unknown>).filter((l) => l.msg === msg);
+useRunnerEnv((current) => ({ env, lines } = current));
+const logged = (msg: string): Record<string, unknown>[] => loggedAs(lines, msg);
 
 const VOLUME = { backend: "aws", name: "data", volume_id: "vol-0abc" };
 

@@ -2,33 +2,20 @@
  * Submit's less common paths: a concurrent resubmit, a failure the storage probe blames on the
  * home, credentials given only in part, what it logs; and cancelling pulls at shutdown.
  */
-import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
+import { describe, expect, it, vi } from "vitest";
 import { StorageUnavailableError } from "../state/storage-health.js";
-import { capturingLogger } from "../testing/capturing-logger.js";
 import { taskConfig } from "../testing/fixtures.js";
 import { stalledPullStream, SUCCESSFUL_PULL_LINES } from "../testing/pull-streams.js";
-import { makeContext, type TestEnv } from "../testing/test-context.js";
+import type { TestEnv } from "../testing/test-context.js";
+import { loggedAs, useRunnerEnv } from "../testing/runner-env.js";
 import { waitFor } from "../testing/wait-for.js";
 import { armFailpoints } from "./failpoints.js";
 import { TaskOperationError } from "./task-runner.js";
 
 let env: TestEnv;
 let lines: string[];
-
-beforeEach(async () => {
-  const captured = capturingLogger();
-  lines = captured.lines;
-  env = await makeContext({ log: captured.log });
-});
-afterEach(async () => {
-  armFailpoints(undefined);
-  vi.restoreAllMocks();
-  await env.dispose();
-});
-
-/** The parsed log lines whose `msg` is `msg`. */
-const logged = (msg: string): Record<string, unknown>[] =>
-  lines.map((l) => JSON.parse(l) as Record<string, unknown>).filter((l) => l.msg === msg);
+useRunnerEnv((current) => ({ env, lines } = current));
+const logged = (msg: string): Record<string, unknown>[] => loggedAs(lines, msg);
 
 describe("TaskRunner.submit", () => {
   it("answers a concurrent resubmit only once the first submit is durable, with the same task", async () => {
