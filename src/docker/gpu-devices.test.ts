@@ -1,6 +1,7 @@
 import { describe, expect, it } from "vitest";
 import type { GpuInventory } from "../host/gpu-inventory.js";
 import { UnknownGpuIdError, gpuContainerConfig, gpuIdsFromContainer } from "./gpu-devices.js";
+import { thrown } from "../testing/thrown.js";
 
 const NVIDIA: GpuInventory = {
   vendor: "nvidia",
@@ -82,14 +83,6 @@ describe("gpuContainerConfig", () => {
   });
 
   it("names only the unknown ids, or every id when the host has no GPU vendor", () => {
-    const thrown = (fn: () => unknown): Error => {
-      try {
-        fn();
-      } catch (error) {
-        return error as Error;
-      }
-      throw new Error("did not throw");
-    };
     const partly = thrown(() => gpuContainerConfig(NVIDIA, ["GPU-a", "GPU-y", "GPU-z"]));
     expect([partly.name, partly.message]).toEqual(["UnknownGpuIdError", "unknown GPU id(s): GPU-y, GPU-z"]);
     // A "none" inventory with GPUs listed is invalid anyway; every id is then unknown.

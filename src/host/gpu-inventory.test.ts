@@ -17,6 +17,7 @@ import {
   parseAmdSmiStatic,
   parseNvidiaSmiCsv,
 } from "./gpu-inventory.js";
+import { thrown } from "../testing/thrown.js";
 
 class FakeCommands implements CommandRunner {
   readonly calls: CommandRequest[] = [];
@@ -373,15 +374,6 @@ describe("detectGpus with a fixture", () => {
 });
 
 describe("GPU detection, word for word", () => {
-  const thrown = (fn: () => unknown): Error => {
-    try {
-      fn();
-    } catch (error) {
-      return error as Error;
-    }
-    throw new Error("did not throw");
-  };
-
   it("names a malformed nvidia-smi line exactly, and anchors the uuid and index patterns", () => {
     const error = thrown(() => parseNvidiaSmiCsv("No devices were found"));
     expect([error.name, error.message]).toEqual([

@@ -1,6 +1,7 @@
 import { describe, expect, it } from "vitest";
 import type { GpuInfo, GpuInventory } from "./gpu-inventory.js";
 import { GpuLock, InvalidGpuCountError, InvalidGpuInventoryError, NoGpuCapacityError } from "./gpu-lock.js";
+import { thrown } from "../testing/thrown.js";
 
 const gpu = (id: string, index: number): GpuInfo => ({
   vendor: "nvidia",
@@ -92,15 +93,6 @@ describe("GpuLock inventory checks", () => {
 });
 
 describe("GpuLock errors, word for word", () => {
-  const thrown = (fn: () => unknown): Error => {
-    try {
-      fn();
-    } catch (error) {
-      return error as Error;
-    }
-    throw new Error("did not throw");
-  };
-
   it("names each inventory defect", () => {
     const amd: GpuInfo = { ...gpu("/dev/dri/renderD128", 1), vendor: "amd" };
     const cases: [GpuInventory, string][] = [
