@@ -79,7 +79,7 @@ describe("GPUs from an inventory fixture", () => {
 
     const second = gpuTask(1, ["sh", "-c", "ls /dev/dri; exit 1"]);
     await shim.submit(second);
-    // Terminated is visible once durable; the release (and its empty gpus_ids) follows.
+    // Terminated is visible at once; the release (and its empty gpus_ids) follows.
     const done = await shim.waitTask(second.id, (t) => t.status === "terminated" && t.gpus_ids?.length === 0);
     expect(done.termination_message).toBe("renderD129");
 

@@ -43,8 +43,8 @@ export async function taskStatuses(shim: { readonly url: string }): Promise<Map<
 
 /**
  * Polls `GET /api/tasks` until every id in `ids` satisfies `done`; returns when that happened
- * (performance.now()), estimated midway between the last answer short of it and the first one
- * that shows it.
+ * (performance.now()), estimated midway between the last poll short of it and the first one that
+ * shows it, each poll dated midway between its request and its answer (when the shim read it).
  */
 export async function waitStatuses(
   shim: ShimProcess,
@@ -56,8 +56,9 @@ export async function waitStatuses(
   let pending = [...ids];
   let previous = performance.now();
   for (;;) {
+    const asked = performance.now();
     const statuses = await taskStatuses(shim);
-    const seen = performance.now();
+    const seen = (asked + performance.now()) / 2;
     pending = pending.filter((id) => !done(statuses.get(id)));
     if (pending.length === 0) return (previous + seen) / 2;
     previous = seen;

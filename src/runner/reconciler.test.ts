@@ -300,9 +300,9 @@ describe("Reconciler: the terminal status is durable before the release", () => 
     env.docker.exit(container!.id, 0);
     // Not a storage error (those finalize in memory and are written later): a failure of the
     // commit itself, which must leave the release to the next tick.
-    const commit = env.runner.commitVisibleWhenDurable.bind(env.runner);
+    const commit = env.runner.commit.bind(env.runner);
     const spy = vi
-      .spyOn(env.runner, "commitVisibleWhenDurable")
+      .spyOn(env.runner, "commit")
       .mockRejectedValueOnce(new Error("state file rejected"));
     const release = vi.spyOn(env.runner, "release");
     await env.reconciler.tick();
@@ -348,6 +348,28 @@ describe("Reconciler.run", () => {
     expect(env.ctx.store.mustGet(task.id).terminationMessage).toBe("fatal");
     env.shutdownController.abort();
     await events;
+  });
+
+  it("followEvents returns at shutdown only once the finalize an event started is done", async () => {
+    const { task, container } = await env.seedTask();
+    let finishCommit!: () => void;
+    const held = new Promise<void>((resolve) => (finishCommit = resolve));
+    const commit = env.runner.commit.bind(env.runner);
+    const spy = vi.spyOn(env.runner, "commit").mockImplementation(async (id, fn) => {
+      await held;
+      return commit(id, fn);
+    });
+    let returned = false;
+    const events = env.reconciler.followEvents().then(() => (returned = true));
+    await waitFor(() => env.docker.count("containerEvents") >= 1);
+    env.docker.exit(container!.id, 0);
+    await waitFor(() => spy.mock.calls.length === 1);
+    env.shutdownController.abort();
+    await new Promise((resolve) => setTimeout(resolve, 30));
+    expect(returned).toBe(false);
+    finishCommit();
+    await events;
+    expect(env.ctx.store.mustGet(task.id)).toMatchObject({ status: "terminated", cleanedUp: true });
   });
 
   it("takes exit code 0 from the die event of the task's container: finalized without an inspect", async () => {

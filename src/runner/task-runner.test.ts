@@ -133,7 +133,10 @@ describe("TaskRunner.start", () => {
     ]);
   });
 
-  it("shows running and an exit only once task.json says so (a kill in between never un-says an answer)", async () => {
+  // `running` is shown only once durable: a kill in between must never un-say it. An exit is shown
+  // at once: the container keeps it on record, so a restart re-derives the same answer, and it is
+  // durable before the release (reconciler.test.ts).
+  it("shows running only once task.json says so, and an exit before its write", async () => {
     // What a read could see, and what task.json held at that moment.
     const seen: [TaskStatus, string | undefined][] = [];
     const modify = env.ctx.store.modify.bind(env.ctx.store);
@@ -153,8 +156,12 @@ describe("TaskRunner.start", () => {
     await env.reconciler.tick();
     expect(seen).toEqual([
       ["running", "running"],
-      ["terminated", "terminated"],
+      ["terminated", "running"],
     ]);
+    expect(JSON.parse(readFileSync(join(task.taskDir, TASK_STATE_FILE), "utf8"))).toMatchObject({
+      status: "terminated",
+      exit_code: 0,
+    });
   });
 
   it("runs pending → preparing → pulling → creating → running and creates exactly one labelled container", async () => {

@@ -130,9 +130,9 @@ export class TaskRunner {
 
   /**
    * A commit visible only once durable, so a read never shows a status that task.json lacks:
-   * `running` (the start's last step) and the reconciler's terminal status. When the home cannot
-   * take the write (a storage error), the change is made in memory at once all the same and
-   * written once storage is back, as `commit` does.
+   * `running` (the start's last step). When the home cannot take the write (a storage error),
+   * the change is made in memory at once all the same and written once storage is back, as
+   * `commit` does.
    */
   async commitVisibleWhenDurable(id: string, fn: (draft: TaskDraft) => void): Promise<Task> {
     const before = this.ctx.store.mustGet(id).status;
