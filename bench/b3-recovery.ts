@@ -4,6 +4,7 @@ import { promisify } from "node:util";
 import pLimit from "p-limit";
 import { bundleNodeFlags, SHIM_BUNDLE, type ShimProcess } from "../test/support/shim-process.js";
 import { wallMs, type Bench } from "./lib/harness.js";
+import { logTimes } from "./lib/log-times.js";
 import type { Fleet } from "./lib/fleet.js";
 import type { Row } from "./lib/report.js";
 import { median, round } from "./lib/stats.js";
@@ -27,20 +28,6 @@ interface Trial {
   /** "tasks restored" → "taskshim serving" (host keys, first reconcile tick, components, listen). */
   readonly readyMs: number;
   readonly problems: string[];
-}
-
-/** The pino `time` of the first log line with this message, or NaN. */
-function logTime(logs: string, message: string): number {
-  for (const line of logs.split("\n")) {
-    if (!line.includes(message)) continue;
-    try {
-      const entry = JSON.parse(line) as { msg?: string; time?: number };
-      if (entry.msg === message && typeof entry.time === "number") return entry.time;
-    } catch {
-      // not a log line
-    }
-  }
-  return Number.NaN;
 }
 
 /** The first 200 answer of `GET /api/tasks/`, and when it came (performance.now()). */
@@ -90,9 +77,9 @@ async function trial(bench: Bench, fleet: Fleet, victimsCount: number): Promise<
   fleet.shim = shim;
   const first = await firstAnswer(shim, 30_000);
   const ms = first.at - started;
-  const restored = logTime(shim.logs, "tasks restored");
+  const restored = logTimes(shim.logs, "tasks restored")[0] ?? Number.NaN;
   const restoreMs = restored - startedWall;
-  const readyMs = logTime(shim.logs, "taskshim serving") - restored;
+  const readyMs = (logTimes(shim.logs, "taskshim serving")[0] ?? Number.NaN) - restored;
 
   const problems: string[] = [];
   const wrong = fleet.running.filter((id) => first.tasks.get(id) !== "running");

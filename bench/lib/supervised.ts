@@ -5,6 +5,7 @@ import { join, resolve } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import { promisify } from "node:util";
 import type { Bench } from "./harness.js";
+import { logTimes } from "./log-times.js";
 
 const execFileAsync = promisify(execFile);
 const ROOT = resolve(import.meta.dirname, "../..");
@@ -115,19 +116,7 @@ export class SupervisedShim {
    * its "shim exited; restarting" lines), in order.
    */
   exits(): number[] {
-    const times: number[] = [];
-    for (const line of this.logs.split("\n")) {
-      if (!line.includes('"shim exited; restarting"')) continue;
-      try {
-        // The supervisor writes ISO times (`taskshim supervise`); a number is accepted too.
-        const entry = JSON.parse(line) as { time?: number | string };
-        const time = typeof entry.time === "string" ? Date.parse(entry.time) : entry.time;
-        if (typeof time === "number" && Number.isFinite(time)) times.push(time);
-      } catch {
-        // not a whole log line
-      }
-    }
-    return times;
+    return logTimes(this.logs, "shim exited; restarting");
   }
 
   /** SIGTERM to the supervisor (forwarded to the shim; containers keep running), then SIGKILL. */
