@@ -249,6 +249,12 @@ describe("GET /api/tasks/:id/logs", () => {
 });
 
 describe("request body decoding", () => {
+  it("has no fastify schema compiler: a route schema fails the build instead of loading ajv", async () => {
+    const other = buildTestApi(env);
+    other.post("/schema", { schema: { body: { type: "object" } } }, () => "never");
+    await expect(other.ready()).rejects.toThrow(/declare no schema/);
+  });
+
   it("rejects a Content-Type other than application/json with 415", async () => {
     const res = await post("/api/tasks", JSON.stringify(taskBody()), { "content-type": "text/plain" });
     expectTextError(res, 415, "Content-Type header is not application/json\n");

@@ -137,6 +137,12 @@ export function buildApi(deps: ApiDeps) {
       void sendText(reply, tooLong ? 414 : 400, tooLong ? "URI Too Long" : "Bad Request: invalid URL");
     },
     routerOptions: { maxParamLength: 256 },
+    // No route declares a schema (bodies are checked with TypeBox in the routes), so fastify's
+    // own compilers (ajv, fast-json-stringify) are never needed; without these factories it loads
+    // them anyway, at every start (CPU and heap).
+    schemaController: {
+      compilersFactory: { buildValidator: noSchemaCompiler, buildSerializer: noSchemaCompiler },
+    },
   });
 
   // Bodies are decoded by the routes with dstack-shim's rules, whatever the Content-Type.
@@ -472,6 +478,11 @@ export const HTTP_LIMITS = {
   /** Concurrent connections; more are refused (closed at once) and counted. */
   maxConnections: 1_000,
 } as const;
+
+/** What fastify would build a route schema's validator or serializer with: no route has one. */
+function noSchemaCompiler(): never {
+  throw new Error("taskshim routes declare no schema: a body is checked in its route (TypeBox)");
+}
 
 const CLIENT_ERRORS: Readonly<Record<string, readonly [number, string]>> = {
   HPE_HEADER_OVERFLOW: [431, "Request Header Fields Too Large"],

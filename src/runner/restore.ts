@@ -8,7 +8,7 @@ import { epochOf, UnsupportedTaskStateVersionError, type TaskState } from "../st
 import { newTask, type Task } from "../tasks/task.js";
 import { parseTaskConfig } from "../tasks/task-config.js";
 import type { TaskStatus } from "../tasks/task-status.js";
-import { deleteRegistryAuth } from "./registry-auth-file.js";
+import { deleteRegistryAuth, REGISTRY_AUTH_FILE } from "./registry-auth-file.js";
 import type { RunnerContext } from "./runner-context.js";
 
 /** What startup found and did, for logs and metrics. */
@@ -43,8 +43,11 @@ const PRE_CONTAINER: readonly TaskStatus[] = ["pending", "preparing", "pulling",
  */
 export async function restoreTasks(ctx: RunnerContext): Promise<RestoreReport> {
   const { docker, dirs, store, gpuLock, log } = ctx;
-  const scanned = await dirs.scan();
-  const containers = await docker.listTaskContainers(ctx.shutdown);
+  // The disk and the engine at once: the list's round trip hides behind the reads. Both end
+  // before a failure is reported (the scan deletes temp files in the home).
+  const reads = [dirs.scan(), docker.listTaskContainers(ctx.shutdown)] as const;
+  await Promise.allSettled(reads);
+  const [scanned, containers] = await Promise.all(reads);
 
   const states = new Map<string, { dir: string; state: TaskState }>();
   const quarantined: string[] = [];
@@ -250,7 +253,10 @@ async function sweepCredentials(
     // Stryker disable next-line StringLiteral: a "" dir added is a no-op (deleteRegistryAuth returns at once for "").
     if (task.taskDir !== "" && !task.foreign && !PRE_CONTAINER.includes(task.status)) dirs.add(task.taskDir);
   }
-  await pLimit(RESTORE_INSPECT_CONCURRENCY).map([...dirs], (dir) => deleteRegistryAuth(dir));
+  // The scan listed most of these dirs: only those that held the file are asked to delete it.
+  const listed = new Map(scanned.map((entry) => [entry.dir, entry.names]));
+  const mayHold = (dir: string): boolean => listed.get(dir)?.includes(REGISTRY_AUTH_FILE) ?? true;
+  await pLimit(RESTORE_INSPECT_CONCURRENCY).map([...dirs].filter(mayHold), (dir) => deleteRegistryAuth(dir));
 }
 
 /**

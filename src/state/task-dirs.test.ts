@@ -147,7 +147,8 @@ describe("TaskDirs.scan", () => {
       expect(newerEntry.error).toBeInstanceOf(UnsupportedTaskStateVersionError);
     }
 
-    expect(found.get("legacy-0-0-44444444")).toEqual({ kind: "no-state", dir: legacy });
+    expect(found.get("legacy-0-0-44444444")).toEqual({ kind: "no-state", dir: legacy, names: ["runner"] });
+    expect([...(goodEntry?.names ?? [])].sort()).toEqual(["pull.log", "runner", "task.json"]);
   });
 
   it("deletes stale temp files of task.json and nothing else", async () => {
@@ -164,6 +165,10 @@ describe("TaskDirs.scan", () => {
     expect(found.map((entry) => entry.kind).sort()).toEqual(["no-state", "state"]);
     expect((await readdir(dir)).sort()).toEqual([".other.tmp-1", "pull.log", "runner", "task.json"]);
     expect(await readdir(legacy)).toEqual(["runner"]);
+    // The names reported are those left: the swept temp files are not among them.
+    const names = new Map(found.map((entry) => [entry.dir, [...(entry.names ?? [])].sort()]));
+    expect(names.get(dir)).toEqual([".other.tmp-1", "pull.log", "runner", "task.json"]);
+    expect(names.get(legacy)).toEqual(["runner"]);
   });
 
   it("reports a task.json that is not a file as unreadable", async () => {
@@ -184,7 +189,8 @@ describe("TaskDirs.quarantine", () => {
     expect(await readFile(target, "utf8")).toBe("garbage");
     expect(await exists(join(dir, TASK_STATE_FILE))).toBe(false);
     const [entry] = await dirs.scan();
-    expect(entry).toEqual({ kind: "no-state", dir });
+    expect(entry).toMatchObject({ kind: "no-state", dir });
+    expect(entry?.names).toContain(basename(target));
   });
 
   it("fails when there is no task.json to quarantine", async () => {

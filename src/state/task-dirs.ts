@@ -7,11 +7,16 @@ import { readTaskState, TASK_STATE_FILE, type TaskState } from "./task-state-fil
 /** The subdir of a task dir that is bind-mounted into the container as /tmp/runner. */
 export const RUNNER_SUBDIR = "runner";
 
-/** A task dir found at startup, with its state or the reason it could not be read. */
-export type ScannedTaskDir =
+/**
+ * A task dir found at startup, with its state or the reason it could not be read, and the names
+ * it held once its stale temp files were deleted (`undefined` when it could not be listed), so
+ * that what the restore looks for in it costs no further call.
+ */
+export type ScannedTaskDir = (
   | { readonly kind: "state"; readonly dir: string; readonly state: TaskState }
   | { readonly kind: "unreadable"; readonly dir: string; readonly error: Error }
-  | { readonly kind: "no-state"; readonly dir: string };
+  | { readonly kind: "no-state"; readonly dir: string }
+) & { readonly names: readonly string[] | undefined };
 
 /** A path would leave the tasks dir. */
 export class UnsafeTaskDirError extends Error {
@@ -97,14 +102,16 @@ export class TaskDirs {
   }
 
   private async scanOne(dir: string): Promise<ScannedTaskDir> {
-    await this.sweepTempFiles(dir);
+    const names = await this.sweepTempFiles(dir);
+    // Listed without a task.json: nothing to read (a restart reads every dir).
+    if (names !== undefined && !names.includes(TASK_STATE_FILE)) return { kind: "no-state", dir, names };
     try {
-      return { kind: "state", dir, state: await readTaskState(dir) };
+      return { kind: "state", dir, state: await readTaskState(dir), names };
     } catch (error) {
       const code = (error as NodeJS.ErrnoException).code;
       return code === "ENOENT"
-        ? { kind: "no-state", dir }
-        : { kind: "unreadable", dir, error: error as Error };
+        ? { kind: "no-state", dir, names }
+        : { kind: "unreadable", dir, error: error as Error, names };
     }
   }
 
@@ -140,11 +147,15 @@ export class TaskDirs {
     return target;
   }
 
-  private async sweepTempFiles(dir: string): Promise<void> {
+  /** Deletes the dir's stale temp files; the names left, or `undefined` if it cannot be listed. */
+  private async sweepTempFiles(dir: string): Promise<string[] | undefined> {
+    const names = await readdir(dir).catch(() => undefined);
+    if (names === undefined) return undefined;
     const prefix = tempFilePrefix(join(dir, TASK_STATE_FILE));
-    for (const name of await readdir(dir).catch(() => [] as string[])) {
+    for (const name of names) {
       if (name.startsWith(prefix)) await unlink(join(dir, name)).catch(() => undefined);
     }
+    return names.filter((name) => !name.startsWith(prefix));
   }
 }
 

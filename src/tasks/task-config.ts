@@ -1,5 +1,6 @@
 import { posix } from "node:path";
 import Type, { type Static, type TSchema } from "typebox";
+import { Compile, type Validator } from "typebox/compile";
 import Value from "typebox/value";
 import { parseImageReference } from "../docker/image-ref.js";
 import { canonicalizePublicKey } from "../host/ssh-public-key.js";
@@ -134,13 +135,24 @@ function plainText(value: string, field: string, max = 4096): string {
   return value;
 }
 
+let compiledBody: Validator | undefined;
+
+/**
+ * The body schema compiled to a JavaScript check on first use (5 ms once): 200 checks take
+ * 0.6 ms against 56 ms with `Value.Check`, which walks the schema each time (a restart checks
+ * every stored config).
+ */
+function bodyValidator(): Validator {
+  return (compiledBody ??= Compile(TaskSubmitBodySchema));
+}
+
 /** The first schema error of a body, in the style of dstack-shim's decoder. */
 export function describeBodyError(body: unknown): string | undefined {
   if (typeof body !== "object" || body === null || Array.isArray(body)) {
     return "Request body must be a JSON object";
   }
   // Check first: Errors walks the whole body, ~10x slower, and a restart parses 200 configs.
-  if (Value.Check(TaskSubmitBodySchema, body)) return undefined;
+  if (bodyValidator().Check(body)) return undefined;
   const first = Value.Errors(TaskSubmitBodySchema, body).find((e) => e.instancePath !== "");
   const field = (first?.instancePath ?? "").split("/").filter(Boolean).join(".");
   return `Request body contains an invalid value for the "${field}" field`;
