@@ -80,6 +80,9 @@ await build({
   bundle: true,
   platform: "node",
   target: "node26",
+  // Lowered so that an older node can parse the bundle and run its version check (the banner):
+  // a `using` declaration was a SyntaxError on Node 20, printed with a screen of minified code.
+  supported: { using: false },
   format: "cjs",
   define,
   plugins: [unusedTransports, lazyBuiltins],

@@ -848,3 +848,20 @@ describe("errors reaching the shim", () => {
     );
   });
 });
+
+describe("taskshim on a Node.js outside engines", () => {
+  it("refuses in one line naming the range, the node found and the way out; exit 78", async () => {
+    // A node of another version, simulated: the bundle reads its version from process.versions.
+    const preload = join(workDir, "node-20.cjs");
+    await writeFile(preload, 'Object.defineProperty(process.versions, "node", { value: "20.20.2" });\n');
+    const result = spawnSync(process.execPath, ["-r", preload, SHIM_BUNDLE, "--version"], {
+      encoding: "utf8",
+    });
+    expect(result.status).toBe(78);
+    expect(result.stdout).toBe("");
+    expect(result.stderr).toBe(
+      `taskshim needs Node.js ${pkg.engines.node}, but ${process.execPath} is v20.20.2: ` +
+        "run the single binary (dist/taskshim), or `npm start` in the project\n",
+    );
+  });
+});
