@@ -301,9 +301,7 @@ describe("Reconciler: the terminal status is durable before the release", () => 
     // Not a storage error (those finalize in memory and are written later): a failure of the
     // commit itself, which must leave the release to the next tick.
     const commit = env.runner.commit.bind(env.runner);
-    const spy = vi
-      .spyOn(env.runner, "commit")
-      .mockRejectedValueOnce(new Error("state file rejected"));
+    const spy = vi.spyOn(env.runner, "commit").mockRejectedValueOnce(new Error("state file rejected"));
     const release = vi.spyOn(env.runner, "release");
     await env.reconciler.tick();
     expect(release).not.toHaveBeenCalled();
