@@ -55,7 +55,9 @@ try {
   );
   // Node reports success with one line, "Generated single executable <node> + <config> -> <output>":
   // not worth showing. Anything else it says (a warning, an error) is shown.
-  const said = spawnSync(process.execPath, ["--build-sea", config], { encoding: "utf8" });
+  // Under the binary's own flags: V8 rejects a code cache made under other flags (their hash is
+  // part of it), with "Warning: Code cache data rejected." at every start and no cache used.
+  const said = spawnSync(process.execPath, [...NODE_FLAGS, "--build-sea", config], { encoding: "utf8" });
   const lines = `${said.stdout}${said.stderr}`
     .split("\n")
     .filter((l) => l && !l.startsWith("Generated single executable"));

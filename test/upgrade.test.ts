@@ -176,8 +176,10 @@ beforeAll(async () => {
   await buildBinary("A");
   await buildBinary("B", 2);
   // The binaries embed the Node.js these tests run on (the pinned one), flags included.
-  const { stdout } = await exec(binaries.A.path, ["--version"]);
+  const { stdout, stderr } = await exec(binaries.A.path, ["--version"]);
   expect(stdout.trim()).toBe("taskshim version 1.0.0");
+  // Nothing else: its code cache was made under its own flags ("Code cache data rejected" if not).
+  expect(stderr).toBe("");
   const runtime = JSON.parse((await exec(binaries.B.path, ["version", "--json"])).stdout) as Record<
     string,
     string
