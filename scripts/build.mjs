@@ -80,7 +80,7 @@ await build({
   bundle: true,
   platform: "node",
   target: "node26",
-  // Lowered so that an older node can parse the bundle and run its version check (the banner):
+  // Lowered so that an older node can parse the bundle and reach its version check (src/main.ts):
   // a `using` declaration was a SyntaxError on Node 20, printed with a screen of minified code.
   supported: { using: false },
   format: "cjs",

@@ -137,12 +137,12 @@ export function buildApi(deps: ApiDeps) {
       void sendText(reply, tooLong ? 414 : 400, tooLong ? "URI Too Long" : "Bad Request: invalid URL");
     },
     routerOptions: { maxParamLength: 256 },
-    // No route declares a schema (bodies are checked with TypeBox in the routes), so fastify's
-    // own compilers (ajv, fast-json-stringify) are never needed; without these factories it loads
-    // them anyway, at every start (CPU and heap).
     // No per-request child logger: request logging is off, and a pino child with our redaction
     // cost ~4 % of the CPU of a GET under load. The one request log line names its URL.
     childLoggerFactory: (logger) => logger,
+    // No route declares a schema (bodies are checked with TypeBox in the routes), so fastify's
+    // own compilers (ajv, fast-json-stringify) are never needed; without these factories it loads
+    // them anyway, at every start (CPU and heap).
     schemaController: {
       compilersFactory: { buildValidator: noSchemaCompiler, buildSerializer: noSchemaCompiler },
     },
