@@ -41,7 +41,15 @@ for (;;) {
   try { fs.symlinkSync(target, ".ssh"); } catch {}
   sleep(pause);
   try { fs.unlinkSync(".ssh"); } catch {}
-  try { fs.renameSync(".ssh-real", ".ssh"); } catch {}
+  try {
+    fs.renameSync(".ssh-real", ".ssh");
+  } catch {
+    // The shim made a new ~/.ssh while none was there (as it should): drop it for the real one,
+    // or every later rename fails and the loop stops swapping for good.
+    if (fs.existsSync(".ssh-real")) {
+      try { fs.rmSync(".ssh", { recursive: true, force: true }); fs.renameSync(".ssh-real", ".ssh"); } catch {}
+    }
+  }
 }`;
 
 /** Each state (a directory, a symlink) is held about `pauseMs`, so the swaps land inside writes. */
