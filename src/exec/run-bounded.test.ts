@@ -1,3 +1,4 @@
+import { rejected } from "../testing/thrown.js";
 import { randomBytes } from "node:crypto";
 import { getEventListeners } from "node:events";
 import { existsSync, readFileSync } from "node:fs";
@@ -465,12 +466,7 @@ describe("cleanup evidence from a real kill", () => {
 describe("BoundedCommandRunner: launch failure messages", () => {
   const failure = async (request: Parameters<BoundedCommandRunner["run"]>[0]): Promise<Error> => {
     const runner = new BoundedCommandRunner(undefined, FAST);
-    return (await runner.run(request).then(
-      () => {
-        throw new Error("started");
-      },
-      (e: unknown) => e,
-    )) as Error;
+    return rejected(runner.run(request));
   };
 
   it("says the argv is empty, and names a missing binary with the spawn error as the cause", async () => {

@@ -1,3 +1,4 @@
+import { rejected } from "../testing/thrown.js";
 import { mkdir, mkdtemp, readdir, readFile, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -94,14 +95,6 @@ describe("AuthorizedKeys when the file system fails", () => {
     await rm(root, { recursive: true, force: true });
   });
 
-  const failure = async (run: Promise<unknown>): Promise<Error & { cause?: unknown }> => {
-    const error = await run.then(
-      () => undefined,
-      (e: unknown) => e,
-    );
-    expect(error).toBeInstanceOf(Error);
-    return error as Error;
-  };
   const seed = async (content: string): Promise<void> => {
     await mkdir(sshDir, { mode: 0o700 });
     await writeFile(file, content);
@@ -110,7 +103,7 @@ describe("AuthorizedKeys when the file system fails", () => {
   it("reports a ~/.ssh it cannot open (not a symlink, not absent) as a write error, with its cause", async () => {
     await seed(`${BOB}\n`);
     faults.pending.push({ op: "open", name: ".ssh", code: "EACCES" });
-    const error = await failure(ak.reconcile("ubuntu", [ALICE]));
+    const error = await rejected(ak.reconcile("ubuntu", [ALICE]));
     expect([error.name, error.message]).toEqual(["AuthorizedKeysWriteError", `cannot open ${sshDir}`]);
     expect(error.cause).toMatchObject({ code: "EACCES" });
     expect(await readFile(file, "utf8")).toBe(`${BOB}\n`);
@@ -121,7 +114,7 @@ describe("AuthorizedKeys when the file system fails", () => {
       { op: "open", name: ".ssh", code: "ELOOP" },
       { op: "lstat", name: ".ssh", code: "EIO" },
     );
-    const error = await failure(ak.reconcile("ubuntu", [ALICE]));
+    const error = await rejected(ak.reconcile("ubuntu", [ALICE]));
     expect([error.name, error.message]).toEqual([
       "UnsafeAuthorizedKeysPathError",
       `${sshDir} is not a directory`,
@@ -134,7 +127,7 @@ describe("AuthorizedKeys when the file system fails", () => {
   it("reports an authorized_keys it cannot read (not a symlink, not absent) as a write error", async () => {
     await seed(`${BOB}\n`);
     faults.pending.push({ op: "open", name: "authorized_keys", code: "EACCES" });
-    const error = await failure(ak.reconcile("ubuntu", [ALICE]));
+    const error = await rejected(ak.reconcile("ubuntu", [ALICE]));
     expect([error.name, error.message]).toEqual(["AuthorizedKeysWriteError", `cannot read ${file}`]);
     expect(error.cause).toMatchObject({ code: "EACCES" });
     expect(await readFile(file, "utf8")).toBe(`${BOB}\n`);
@@ -142,7 +135,7 @@ describe("AuthorizedKeys when the file system fails", () => {
 
   it("reports a ~/.ssh it cannot create, with its cause", async () => {
     faults.pending.push({ op: "mkdir", name: ".ssh", code: "EACCES" });
-    const error = await failure(ak.reconcile("ubuntu", [ALICE]));
+    const error = await rejected(ak.reconcile("ubuntu", [ALICE]));
     expect([error.name, error.message]).toEqual(["AuthorizedKeysWriteError", `cannot create ${sshDir}`]);
     expect(error.cause).toMatchObject({ code: "EACCES" });
     expect(await readdir(home)).toEqual([]);
@@ -161,7 +154,7 @@ describe("AuthorizedKeys when the file system fails", () => {
 
   it("says so when ~/.ssh vanished between its creation and its opening", async () => {
     faults.pending.push({ op: "mkdir", name: ".ssh", code: "EEXIST" });
-    const error = await failure(ak.reconcile("ubuntu", [ALICE]));
+    const error = await rejected(ak.reconcile("ubuntu", [ALICE]));
     expect([error.name, error.message]).toEqual([
       "AuthorizedKeysWriteError",
       `cannot create ${sshDir}: it vanished`,
@@ -170,7 +163,7 @@ describe("AuthorizedKeys when the file system fails", () => {
 
   it("reports a ~/.ssh it created but could not hand to the user, with its cause", async () => {
     faults.pending.push({ op: "chown", name: ".ssh", code: "EPERM" });
-    const error = await failure(ak.reconcile("ubuntu", [ALICE]));
+    const error = await rejected(ak.reconcile("ubuntu", [ALICE]));
     expect([error.name, error.message]).toEqual(["AuthorizedKeysWriteError", `cannot create ${sshDir}`]);
     expect(error.cause).toMatchObject({ code: "EPERM" });
     expect(await readdir(sshDir)).toEqual([]);
@@ -179,7 +172,7 @@ describe("AuthorizedKeys when the file system fails", () => {
   it("reports a failed fsync of ~/.ssh after the rename, naming the directory and the cause", async () => {
     await seed(`${BOB}\n`);
     faults.pending.push({ op: "sync", name: ".ssh", code: "EIO" });
-    const error = await failure(ak.reconcile("ubuntu", [ALICE]));
+    const error = await rejected(ak.reconcile("ubuntu", [ALICE]));
     expect([error.name, error.message]).toEqual([
       "AuthorizedKeysWriteError",
       `cannot sync ${sshDir}: EIO: injected`,

@@ -1,3 +1,4 @@
+import { rejected } from "../testing/thrown.js";
 import { execFileSync } from "node:child_process";
 import { renameSync, symlinkSync } from "node:fs";
 import {
@@ -305,19 +306,10 @@ describe("AuthorizedKeys.reconcile", () => {
     await expect(ak.reconcile("ghost", [ALICE])).rejects.toBeInstanceOf(UnknownUserError);
   });
 
-  const failure = async (run: Promise<unknown>): Promise<Error> => {
-    const error = await run.then(
-      () => undefined,
-      (e: unknown) => e,
-    );
-    expect(error).toBeInstanceOf(Error);
-    return error as Error;
-  };
-
   describe("refusals, word for word", () => {
     it("names a symlinked or non-directory ~/.ssh and keeps the cause", async () => {
       await symlink(root, join(home, ".ssh"));
-      const link = await failure(ak.reconcile("ubuntu", [ALICE]));
+      const link = await rejected(ak.reconcile("ubuntu", [ALICE]));
       expect([link.name, link.message]).toEqual([
         "UnsafeAuthorizedKeysPathError",
         `${home}/.ssh is a symlink`,
@@ -325,7 +317,7 @@ describe("AuthorizedKeys.reconcile", () => {
       expect(link.cause).toMatchObject({ code: "ENOTDIR" });
       await rm(join(home, ".ssh"));
       await writeFile(join(home, ".ssh"), "a file\n");
-      const notDir = await failure(ak.reconcile("ubuntu", [ALICE]));
+      const notDir = await rejected(ak.reconcile("ubuntu", [ALICE]));
       expect([notDir.name, notDir.message]).toEqual([
         "UnsafeAuthorizedKeysPathError",
         `${home}/.ssh is not a directory`,
@@ -336,7 +328,7 @@ describe("AuthorizedKeys.reconcile", () => {
     it("names a ~/.ssh owned by someone else", async () => {
       await mkdir(join(home, ".ssh"), { mode: 0o700 });
       await chown(join(home, ".ssh"), 54321, 54321);
-      const error = await failure(ak.reconcile("ubuntu", [ALICE]));
+      const error = await rejected(ak.reconcile("ubuntu", [ALICE]));
       expect([error.name, error.message]).toEqual([
         "UnsafeAuthorizedKeysPathError",
         `${home}/.ssh is owned by uid 54321, not by ubuntu`,
@@ -359,7 +351,7 @@ describe("AuthorizedKeys.reconcile", () => {
     it("names a symlinked file, a non-regular one and a hard-linked one", async () => {
       await mkdir(join(home, ".ssh"), { mode: 0o700 });
       await symlink(join(root, "nowhere"), file);
-      const symlinked = await failure(ak.reconcile("ubuntu", [ALICE]));
+      const symlinked = await rejected(ak.reconcile("ubuntu", [ALICE]));
       expect([symlinked.name, symlinked.message]).toEqual([
         "UnsafeAuthorizedKeysPathError",
         `${file} is a symlink`,
@@ -367,7 +359,7 @@ describe("AuthorizedKeys.reconcile", () => {
       expect(symlinked.cause).toMatchObject({ code: "ELOOP" });
       await rm(file);
       await mkdir(file);
-      const dir = await failure(ak.reconcile("ubuntu", [ALICE]));
+      const dir = await rejected(ak.reconcile("ubuntu", [ALICE]));
       expect([dir.name, dir.message]).toEqual([
         "UnsafeAuthorizedKeysPathError",
         `${file} is not a regular file`,
@@ -375,7 +367,7 @@ describe("AuthorizedKeys.reconcile", () => {
       await rm(file, { recursive: true });
       await writeFile(join(root, "victim"), "x\n");
       await link(join(root, "victim"), file);
-      const linked = await failure(ak.reconcile("ubuntu", [ALICE]));
+      const linked = await rejected(ak.reconcile("ubuntu", [ALICE]));
       expect(linked.message).toBe(`${file} has 2 hard links`);
     });
 
@@ -391,7 +383,7 @@ describe("AuthorizedKeys.reconcile", () => {
       await seed(`${BOB}\n`);
       // A directory where the temp file goes cannot be unlinked: the write stops there.
       await mkdir(join(home, ".ssh", "authorized_keys.tmp"));
-      const error = await failure(ak.reconcile("ubuntu", [ALICE]));
+      const error = await rejected(ak.reconcile("ubuntu", [ALICE]));
       expect(error.name).toBe("AuthorizedKeysWriteError");
       expect(error.message).toMatch(
         new RegExp(
@@ -406,7 +398,7 @@ describe("AuthorizedKeys.reconcile", () => {
       const homeless = new AuthorizedKeys(() =>
         Promise.resolve({ name: "ubuntu", home: join(root, "missing"), uid, gid }),
       );
-      const error = await failure(homeless.reconcile("ubuntu", [ALICE]));
+      const error = await rejected(homeless.reconcile("ubuntu", [ALICE]));
       expect([error.name, error.message]).toEqual([
         "AuthorizedKeysWriteError",
         `cannot open the home ${join(root, "missing")} of ubuntu`,

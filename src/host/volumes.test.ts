@@ -1,3 +1,4 @@
+import { rejected } from "../testing/thrown.js";
 import { chmod, mkdir, mkdtemp, rm, stat, symlink, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -404,14 +405,6 @@ describe("HostVolumes", () => {
   });
 
   describe("the I/O branches, word for word", () => {
-    const failure = async (run: Promise<unknown>): Promise<Error> => {
-      const error = await run.then(
-        () => undefined,
-        (e: unknown) => e,
-      );
-      expect(error).toBeInstanceOf(Error);
-      return error as Error;
-    };
     const aws = (device_name: string | null, timings: Partial<VolumeTimings> = {}) => ({
       run: (commands: CommandRunner) =>
         new HostVolumes(commands, {
@@ -429,7 +422,7 @@ describe("HostVolumes", () => {
       const commands = new FakeCommands(
         host({ mounted: new Set([a ?? "", b ?? ""]), failUmount: new Set([a ?? "", b ?? ""]) }),
       );
-      const error = (await failure(
+      const error = (await rejected(
         volumes(commands).unmountVolumes([gcp({ name: "a" }), gcp({ name: "b" })]),
       )) as VolumeUnmountError;
       expect(error.errors.map((e: Error) => e.message)).toEqual([
@@ -441,7 +434,7 @@ describe("HostVolumes", () => {
     it("reports an instance path it cannot examine, and creates nothing", async () => {
       const file = join(root, "a-file");
       await writeFile(file, "");
-      const error = await failure(
+      const error = await rejected(
         volumes(new FakeCommands(host({}))).prepareInstanceMounts([
           { instance_path: `${file}/sub`, path: "/x" },
         ]),
@@ -459,7 +452,7 @@ describe("HostVolumes", () => {
         stderr: Buffer.alloc(0),
       };
       const commands = new FakeCommands(() => killed);
-      const error = await failure(volumes(commands).prepareVolumes([gcp()]));
+      const error = await rejected(volumes(commands).prepareVolumes([gcp()]));
       expect(error.message).toBe(
         `format and mount volume data: mountpoint -q ${join(mountRoot, "data")}: killed by SIGKILL`,
       );
@@ -468,11 +461,11 @@ describe("HostVolumes", () => {
 
     it("names a GCP volume without a device name, or with a control character in it", async () => {
       const commands = new FakeCommands(host({}));
-      expect((await failure(volumes(commands).prepareVolumes([gcp({ device_name: null })]))).message).toBe(
+      expect((await rejected(volumes(commands).prepareVolumes([gcp({ device_name: null })]))).message).toBe(
         'format and mount volume data: invalid GCP device name "" for volume vol-id',
       );
       expect(
-        (await failure(volumes(commands).prepareVolumes([gcp({ device_name: "pd\ndata" })]))).message,
+        (await rejected(volumes(commands).prepareVolumes([gcp({ device_name: "pd\ndata" })]))).message,
       ).toBe('format and mount volume data: invalid GCP device name "pd\\ndata" for volume vol-id');
       expect(commands.argvs()).toEqual([
         `mountpoint -q ${join(mountRoot, "data")}`,
@@ -484,7 +477,7 @@ describe("HostVolumes", () => {
       await writeFile(join(byId, "google-pd-data-part1"), "");
       await symlink("/dev/sdb", join(byId, "google-pd-data"));
       const commands = new FakeCommands(host({ blkid: formatted }));
-      const error = await failure(volumes(commands).prepareVolumes([gcp()]));
+      const error = await rejected(volumes(commands).prepareVolumes([gcp()]));
       expect(error.cause).toMatchObject({ code: "EINVAL" });
       expect(commands.argvs().some((argv) => argv.startsWith("mount "))).toBe(false);
     });
@@ -512,7 +505,7 @@ describe("HostVolumes", () => {
       await writeFile(elsewhere, "");
       for (const name of [elsewhere, "/dev/fd/1", "/dev/"]) {
         const refused = new FakeCommands(host({ blkid: formatted }));
-        const error = await failure(aws(name, { awsResolveMs: 30 }).run(refused));
+        const error = await rejected(aws(name, { awsResolveMs: 30 }).run(refused));
         expect(error.message, name).toBe(
           "format and mount volume ebs: volume vol-0123 not found among block devices after 30 ms",
         );
@@ -546,7 +539,7 @@ describe("HostVolumes", () => {
         diskByIdDir: byId,
         timings: { ...FAST, deviceReadyMs: 20 },
       });
-      expect((await failure(hv.prepareVolumes([gcp()]))).message).toBe(
+      expect((await rejected(hv.prepareVolumes([gcp()]))).message).toBe(
         "format and mount volume data: device /dev/sdb is not a ready non-empty block device after 20 ms: " +
           "lsblk -bdn -o SIZE /dev/sdb: exit status 32: not a block device",
       );
@@ -555,7 +548,7 @@ describe("HostVolumes", () => {
         diskByIdDir: byId,
         timings: { ...FAST, deviceReadyMs: 20 },
       });
-      expect((await failure(empty.prepareVolumes([gcp()]))).message).toBe(
+      expect((await rejected(empty.prepareVolumes([gcp()]))).message).toBe(
         "format and mount volume data: device /dev/sdb is not a ready non-empty block device after 20 ms: device has zero size",
       );
     });

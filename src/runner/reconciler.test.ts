@@ -5,10 +5,10 @@ import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
 import { DockerUnavailableError } from "../docker/docker-errors.js";
 import { TASK_STATE_FILE } from "../state/task-state-file.js";
 import { capturingLogger } from "../testing/capturing-logger.js";
+import { recordingObserver } from "../testing/recording-observer.js";
 import { makeContext, TEST_HOME_ID, type TestEnv } from "../testing/test-context.js";
 import { waitFor } from "../testing/wait-for.js";
 import { ContainerOwnership } from "./ownership.js";
-import type { RunnerObserver } from "./runner-context.js";
 
 let env: TestEnv;
 
@@ -428,27 +428,6 @@ describe("Reconciler.run", () => {
 /** Parsed pino lines of a capturing logger whose `msg` is `msg`. */
 const logged = (lines: readonly string[], msg: string): Record<string, unknown>[] =>
   lines.map((l) => JSON.parse(l) as Record<string, unknown>).filter((l) => l.msg === msg);
-
-/** An observer that records what the reconciler reports. */
-function recordingObserver(): RunnerObserver & {
-  ticks: number[];
-  seen: boolean[];
-  finalized: string[];
-} {
-  const ticks: number[] = [];
-  const seen: boolean[] = [];
-  const finalized: string[] = [];
-  return {
-    ticks,
-    seen,
-    finalized,
-    taskStarted: () => undefined,
-    taskFinalized: (reason) => finalized.push(reason),
-    tickDone: (seconds) => ticks.push(seconds),
-    engineSeen: (up) => seen.push(up),
-    pulledBytes: () => undefined,
-  };
-}
 
 describe("Reconciler: what an exit's message says", () => {
   it("notes that the engine was down when the container stopped during an outage, and logs the recovery", async () => {

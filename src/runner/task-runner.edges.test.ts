@@ -9,6 +9,7 @@ import { describe, expect, it, vi } from "vitest";
 import { StorageUnavailableError } from "../state/storage-health.js";
 import { sshEd25519PublicKey, taskConfig } from "../testing/fixtures.js";
 import { stalledPullStream, SUCCESSFUL_PULL_LINES } from "../testing/pull-streams.js";
+import { recordingObserver } from "../testing/recording-observer.js";
 import type { TestEnv } from "../testing/test-context.js";
 import { loggedAs, useRunnerEnv } from "../testing/runner-env.js";
 import { waitFor } from "../testing/wait-for.js";
@@ -316,14 +317,8 @@ describe("TaskRunner.start edges", () => {
   });
 
   it("reports a failed start to the observer once, and a start a terminate overtook only by the terminate", async () => {
-    const finalized: string[] = [];
-    const observer: RunnerObserver = {
-      taskStarted: () => undefined,
-      taskFinalized: (reason) => finalized.push(reason),
-      tickDone: () => undefined,
-      engineSeen: () => undefined,
-      pulledBytes: () => undefined,
-    };
+    const observer = recordingObserver();
+    const { finalized } = observer;
     (env.ctx as { observer?: RunnerObserver }).observer = observer;
     env.docker.failNext("startContainer", new Error("start failed"));
     await env.submitAndStart();

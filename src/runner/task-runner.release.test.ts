@@ -6,6 +6,7 @@ import { describe, expect, it, vi } from "vitest";
 import { LABEL_IS_TASK, LABEL_OWNER, LABEL_TASK_ID } from "../docker/docker-client.js";
 import { sshEd25519PublicKey } from "../testing/fixtures.js";
 import { stalledPullStream, SUCCESSFUL_PULL_LINES } from "../testing/pull-streams.js";
+import { recordingObserver } from "../testing/recording-observer.js";
 import { TEST_HOME_ID, type TestEnv } from "../testing/test-context.js";
 import { loggedAs, useRunnerEnv } from "../testing/runner-env.js";
 import { waitFor } from "../testing/wait-for.js";
@@ -80,14 +81,8 @@ describe("TaskRunner.terminate of a start in flight", () => {
 
 describe("TaskRunner.terminate repeated", () => {
   it("logs and reports the terminate once, however often it is repeated", async () => {
-    const finalized: string[] = [];
-    const observer: RunnerObserver = {
-      taskStarted: () => undefined,
-      taskFinalized: (reason) => finalized.push(reason),
-      tickDone: () => undefined,
-      engineSeen: () => undefined,
-      pulledBytes: () => undefined,
-    };
+    const observer = recordingObserver();
+    const { finalized } = observer;
     (env.ctx as { observer?: RunnerObserver }).observer = observer;
     const task = await env.submitAndStart();
     await env.runner.terminate(task.id, 0, "terminated_by_user", "");

@@ -7,3 +7,15 @@ export function thrown(fn: () => unknown): Error {
   }
   throw new Error("did not throw");
 }
+
+/** The error `run` rejects with, as {@link thrown} for a promise; fails if it resolves or rejects with a non-Error. */
+export async function rejected(run: Promise<unknown>): Promise<Error> {
+  const outcome = await run.then(
+    () => ({ resolved: true as const }),
+    (error: unknown) => ({ resolved: false as const, error }),
+  );
+  if (outcome.resolved) throw new Error("did not reject");
+  if (!(outcome.error instanceof Error))
+    throw new Error(`rejected with a non-Error: ${String(outcome.error)}`);
+  return outcome.error;
+}
