@@ -7,6 +7,7 @@ import { TaskDirs } from "../state/task-dirs.js";
 import { encodeTaskState, TASK_STATE_FILE } from "../state/task-state-file.js";
 import { TaskStore } from "../tasks/task-store.js";
 import { capturingLogger } from "../testing/capturing-logger.js";
+import { hostConfigFor, TWO_AMD_GPUS } from "../testing/fixtures.js";
 import { pullStream, stalledPullStream, SUCCESSFUL_PULL_LINES } from "../testing/pull-streams.js";
 import { makeContext, TEST_HOME_ID, type TestEnv } from "../testing/test-context.js";
 import { waitFor } from "../testing/wait-for.js";
@@ -148,6 +149,32 @@ describe("restoreTasks", () => {
       terminationReason: "terminated_by_server",
       cleanedUp: true,
     });
+    expect(next.ctx.gpuLock.lockedIds()).toEqual([]);
+  });
+
+  it("R5: of two restored containers claiming one GPU, the first holds it; the second is flagged, and its end frees nothing", async () => {
+    const holder = await env.submitAndStart({ gpu: 1 });
+    const other = await env.submitAndStart({ gpu: 1 });
+    expect(holder.gpuIds).toEqual(["/dev/dri/renderD128"]);
+    // While the shim is down, the other container is made to claim the holder's GPU.
+    env.docker.containers.get(other.containerId!)!.hostConfig = hostConfigFor(TWO_AMD_GPUS, holder.gpuIds);
+    const { log, lines } = capturingLogger();
+    const next = await restart({ log });
+    await restoreTasks(next.ctx);
+    expect(next.ctx.store.mustGet(holder.id).gpuIds).toEqual(holder.gpuIds);
+    expect(next.ctx.store.mustGet(other.id).gpuIds).toEqual([]);
+    expect(next.ctx.gpuLock.lockedIds()).toEqual(holder.gpuIds);
+    expect(logged(lines, "GPU claimed by two restored containers; left with the task that holds it")).toEqual(
+      [expect.objectContaining({ taskId: other.id, gpus: holder.gpuIds, heldBy: [holder.id] })],
+    );
+
+    env.docker.exit(other.containerId!, 0);
+    await next.reconciler.tick();
+    expect(next.ctx.store.mustGet(other.id).status).toBe("terminated");
+    expect(next.ctx.gpuLock.lockedIds()).toEqual(holder.gpuIds);
+    env.docker.exit(holder.containerId!, 0);
+    await next.reconciler.tick();
+    expect(next.ctx.store.mustGet(holder.id).status).toBe("terminated");
     expect(next.ctx.gpuLock.lockedIds()).toEqual([]);
   });
 

@@ -81,6 +81,8 @@ export async function restoreTasks(ctx: RunnerContext): Promise<RestoreReport> {
   const resumed: string[] = [];
   const adoptedUnowned: string[] = [];
   const byTask = new Map<string, TaskContainerSummary>();
+  /** GPU id → the restored task that holds it. */
+  const gpuHolders = new Map<string, string>();
   // The one ownership rule: another home's containers (and unclaimed ones) are not ours to act on.
   const hasTaskState = (taskId: string): boolean => states.has(taskId);
   const ours = ctx.ownership.filter(containers, hasTaskState);
@@ -134,9 +136,18 @@ export async function restoreTasks(ctx: RunnerContext): Promise<RestoreReport> {
       );
     }
     const cleanedUp = stored?.state.cleaned_up ?? false;
-    const ownedGpus = cleanedUp
-      ? []
-      : gpuLock.lock(gpuIdsFromContainer(ctx.inventory, inspect?.hostConfig ?? undefined));
+    const claimedGpus = cleanedUp ? [] : gpuIdsFromContainer(ctx.inventory, inspect?.hostConfig ?? undefined);
+    const ownedGpus = gpuLock.lock(claimedGpus);
+    for (const gpu of ownedGpus) gpuHolders.set(gpu, taskId);
+    // Two containers that claim one GPU (made outside this shim): the first keeps it, this one is
+    // flagged and not given it, so its release can never free the GPU of the task that holds it.
+    const contested = claimedGpus.filter((gpu) => gpuHolders.has(gpu) && !ownedGpus.includes(gpu));
+    if (contested.length > 0) {
+      log.warn(
+        { taskId, gpus: contested, heldBy: contested.map((gpu) => gpuHolders.get(gpu)) },
+        "GPU claimed by two restored containers; left with the task that holds it",
+      );
+    }
     const reason = stored?.state.termination_reason ?? "";
     // A task whose start was cut before it committed `running` resumes and adopts its container.
     const status: TaskStatus =
