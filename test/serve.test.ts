@@ -148,6 +148,8 @@ describe("taskshim serve", () => {
     const answer = await shim.request("POST", "/api/shutdown", { force: false });
     expect(answer.status).toBe(200);
     expect(await shim.waitExit()).toBe(0);
+    // Through its whole shutdown (the home released, shim.log closed), not out of work to do.
+    expect(shim.logs).toContain('"msg":"shutdown complete"');
     expect((await testDocker().getContainer(running.container_id).inspect()).State.Running).toBe(true);
 
     const again = await start({ home: shim.home });

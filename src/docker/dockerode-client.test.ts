@@ -1,11 +1,22 @@
+import { createServer } from "node:http";
+import type { AddressInfo } from "node:net";
+import { setTimeout as sleep } from "node:timers/promises";
 import { describe, expect, it } from "vitest";
+import { LABEL_TASK_ID } from "./docker-client.js";
 import {
   mapDockerError,
   DockerConflictError,
   DockerNotFoundError,
   DockerUnavailableError,
 } from "./docker-errors.js";
-import { demuxLogBuffer, extractPorts, listedPorts, parseEvent, splitLogLines } from "./dockerode-client.js";
+import {
+  demuxLogBuffer,
+  DockerodeClient,
+  extractPorts,
+  listedPorts,
+  parseEvent,
+  splitLogLines,
+} from "./dockerode-client.js";
 
 function frame(stream: 1 | 2, text: string): Buffer {
   const payload = Buffer.from(text);
@@ -141,5 +152,38 @@ describe("parseEvent", () => {
   it("ignores events of containers that are not tasks, and lines that are not JSON", () => {
     expect(parseEvent(line({ exitCode: "0" }))).toBeUndefined();
     expect(parseEvent("not json")).toBeUndefined();
+  });
+});
+
+describe("containerEvents", () => {
+  it("ends its iteration when its signal aborts, on a stream the engine never ends", async () => {
+    const event = {
+      Action: "die",
+      Actor: { ID: "c1", Attributes: { [LABEL_TASK_ID]: "t1", exitCode: "3" } },
+    };
+    const server = createServer((_req, res) => {
+      res.writeHead(200, { "content-type": "application/json" });
+      res.write(`${JSON.stringify(event)}\n`);
+    });
+    await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+    try {
+      const { port } = server.address() as AddressInfo;
+      const client = new DockerodeClient({ host: "127.0.0.1", port, protocol: "http" });
+      const controller = new AbortController();
+      const seen: string[] = [];
+      const iteration = (async () => {
+        for await (const e of client.containerEvents(controller.signal)) {
+          seen.push(`${e.taskId} ${e.action} ${e.exitCode}`);
+          controller.abort();
+        }
+        return "ended";
+      })();
+      const outcome = await Promise.race([iteration, sleep(2_000).then(() => "still waiting")]);
+      expect(outcome).toBe("ended");
+      expect(seen).toEqual(["t1 die 3"]);
+    } finally {
+      server.closeAllConnections();
+      await new Promise((resolve) => server.close(resolve));
+    }
   });
 });

@@ -295,12 +295,16 @@ export class DockerodeClient implements DockerClient {
       this.count("events", "error", since(start));
       throw mapDockerError(error, "events");
     }
+    const lines = createInterface({ input: stream, crlfDelay: Infinity });
+    // readline ends its iteration when its input ends or it is closed, never when the input is
+    // destroyed: without the close, a shutdown would wait on this loop forever.
     const onAbort = (): void => {
+      lines.close();
       stream.destroy();
     };
     signal.addEventListener("abort", onAbort, { once: true });
     try {
-      for await (const line of createInterface({ input: stream, crlfDelay: Infinity })) {
+      for await (const line of lines) {
         const event = parseEvent(line);
         if (event) yield event;
       }
