@@ -1,8 +1,11 @@
 import { connect, createServer, type Server, type Socket } from "node:net";
+import { setTimeout as sleep } from "node:timers/promises";
 import { Worker } from "node:worker_threads";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { makeContext, type TestEnv } from "../testing/test-context.js";
 import { buildTestApi } from "../testing/test-api.js";
+import { waitFor } from "../testing/wait-for.js";
+import type { ConnectionHandoff } from "./connection-drain.js";
 
 /**
  * A keep-alive client in its own thread (so it keeps writing requests while the shim's thread is
@@ -158,5 +161,84 @@ describe("the API's close at a restart", () => {
     await closing;
     expect(await silent.closed).toBeGreaterThanOrEqual(290);
     expect(silent.received()).toBe("");
+  });
+});
+
+describe("the API's close with a handoff (the next shim takes idle connections)", () => {
+  /** Records what it is given; `accept: false` declines, as when the supervisor is gone. */
+  function recordingHandoff(accept = true): ConnectionHandoff & { given: Socket[] } {
+    const given: Socket[] = [];
+    return {
+      given,
+      give: (socket) => {
+        if (accept) given.push(socket);
+        return accept;
+      },
+    };
+  }
+
+  async function clientOf(
+    port: number,
+  ): Promise<{ socket: Socket; closed: () => boolean; text: () => string }> {
+    const socket = connect(port, "127.0.0.1");
+    await new Promise((resolve) => socket.once("connect", resolve));
+    let text = "";
+    let closed = false;
+    socket.on("data", (chunk) => (text += chunk.toString("latin1")));
+    socket.on("close", () => (closed = true));
+    socket.on("error", () => undefined);
+    return { socket, closed: () => closed, text: () => text };
+  }
+
+  const answered = (client: { text: () => string }): Promise<void> =>
+    waitFor(() => /\r\n\r\n/.test(client.text()), { what: "an answer" });
+
+  it("gives an idle kept-alive connection away instead of closing it, and is done once it is ended here", async () => {
+    const handoff = recordingHandoff();
+    const app = buildTestApi(env, { drainTimes: { idleGraceMs: 50, deadlineMs: 5_000 }, handoff });
+    await app.listen({ host: "127.0.0.1", port: 0 });
+    const kept = await clientOf((app.server.address() as { port: number }).port);
+    kept.socket.write("GET /api/healthcheck HTTP/1.1\r\nHost: x\r\n\r\n");
+    await answered(kept);
+    expect(kept.text()).not.toMatch(/connection: close/i);
+
+    let settled = false;
+    const closing = app.close().then(() => (settled = true));
+    await waitFor(() => handoff.given.length === 1, { what: "the handoff" });
+    expect(handoff.given[0]?.remotePort).toBe(kept.socket.localPort);
+    // Well past the grace: neither closed for the client nor counted as done.
+    await sleep(200);
+    expect(kept.closed()).toBe(false);
+    expect(settled).toBe(false);
+    // The handoff ends it in this process (the real one once the descriptor is on its way).
+    handoff.given[0]?.destroy();
+    await closing;
+  });
+
+  it("keeps to the grace for a connection with a request read in part, one already ending, and when the handoff declines", async () => {
+    const handoff = recordingHandoff();
+    const app = buildTestApi(env, { drainTimes: { idleGraceMs: 50, deadlineMs: 5_000 }, handoff });
+    await app.listen({ host: "127.0.0.1", port: 0 });
+    const port = (app.server.address() as { port: number }).port;
+    const partial = await clientOf(port);
+    partial.socket.write("GET /api/healthcheck HTTP/1.1\r\nHost: x\r\n\r\nGET /api/health");
+    const ending = await clientOf(port);
+    ending.socket.write("GET /api/healthcheck HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    await answered(partial);
+    await answered(ending);
+    await app.close();
+    expect(handoff.given).toEqual([]);
+    await waitFor(partial.closed, { what: "the close of the one read in part" });
+
+    const declining = recordingHandoff(false);
+    const second = buildTestApi(env, {
+      drainTimes: { idleGraceMs: 50, deadlineMs: 5_000 },
+      handoff: declining,
+    });
+    await second.listen({ host: "127.0.0.1", port: 0 });
+    const idle = await clientOf((second.server.address() as { port: number }).port);
+    await second.close();
+    expect(declining.given).toEqual([]);
+    await waitFor(idle.closed, { what: "the close of the declined one" });
   });
 });

@@ -17,6 +17,18 @@ export interface DrainTimes {
 export const DRAIN_TIMES: DrainTimes = { idleGraceMs: 250, deadlineMs: 5_000 };
 
 /**
+ * Where a draining server's idle connections can go instead of being closed: the next shim, under
+ * `taskshim supervise` (src/cli/connection-handoff.ts).
+ */
+export interface ConnectionHandoff {
+  /**
+   * Takes an idle connection that has nothing read and unanswered, and ends it in this process
+   * without closing it for the client; false when it cannot (the drain then closes it as before).
+   */
+  give(socket: Socket): boolean;
+}
+
+/**
  * Lets an HTTP server go without dropping a request already on its way.
  *
  * Node's `server.close()` stops accepting and at once destroys every connection with no request
@@ -32,7 +44,9 @@ export const DRAIN_TIMES: DrainTimes = { idleGraceMs: 250, deadlineMs: 5_000 };
  * A client that writes its request in the very last instant before the idle close (or that
  * ignores `Connection: close`) can still lose it: HTTP/1.1 cannot close a kept-alive connection
  * without that race; the grace moves it from "whatever arrived while the shutdown was busy" to
- * "a request sent after 250 ms of silence, within one network round trip of the close".
+ * "a request sent after 250 ms of silence, within one network round trip of the close". With a
+ * {@link ConnectionHandoff} the race is gone: an idle connection is not closed but given, open, to
+ * the next shim, and what the client writes on it waits in the kernel until that shim reads it.
  */
 export class ConnectionDrain {
   /** Every open connection (tracked per connection, not per request: nothing on the hot path). */
@@ -41,14 +55,17 @@ export class ConnectionDrain {
   #times: DrainTimes = DRAIN_TIMES;
   #finish: (() => void) | undefined;
 
-  constructor(private readonly server: Server) {
+  constructor(
+    private readonly server: Server,
+    private readonly handoff?: ConnectionHandoff,
+  ) {
     server.on("connection", (socket: Socket) => {
       this.#open.add(socket);
       socket.once("close", () => {
         this.#open.delete(socket);
         this.#settleIfEmpty();
       });
-      if (this.#state === "draining") this.#closeWhenIdle(socket);
+      if (this.#state === "draining" && !this.#handOver(socket)) this.#closeWhenIdle(socket);
     });
   }
 
@@ -86,7 +103,7 @@ export class ConnectionDrain {
     for (const socket of this.#open) {
       const response = inProgress(socket);
       if (response) this.#lastAnswer(response);
-      else this.#closeWhenIdle(socket);
+      else if (!this.#handOver(socket)) this.#closeWhenIdle(socket);
     }
     this.#settleIfEmpty();
     return done;
@@ -97,6 +114,17 @@ export class ConnectionDrain {
     if (!response.headersSent) response.setHeader("connection", "close");
     const socket = response.socket;
     if (socket) response.once("close", () => this.#closeWhenIdle(socket));
+  }
+
+  /**
+   * Gives an idle connection to the next shim, if there is a handoff and the connection's parser
+   * is between messages (the bytes of a request read in part would be lost with it). What the
+   * client wrote that is not read yet is still in the kernel and goes with the descriptor.
+   */
+  #handOver(socket: Socket): boolean {
+    if (!this.handoff || socket.destroyed) return false;
+    if (!betweenMessages(this.server).has(socket)) return false;
+    return this.handoff.give(socket);
   }
 
   #closeWhenIdle(socket: Socket): void {
@@ -118,6 +146,19 @@ export class ConnectionDrain {
     this.#state = "drained";
     this.#finish?.();
   }
+}
+
+/**
+ * The connections whose HTTP parser has no message begun: Node's own list of them, the one its
+ * `closeIdleConnections()` reads (`http.server.connections`: each parser marks the start of a
+ * message at its first byte and clears it when the message is complete). Empty when the server
+ * does not listen (Node keeps the list from `listening` on).
+ */
+function betweenMessages(server: Server): Set<Socket> {
+  const key = Object.getOwnPropertySymbols(server).find((s) => s.description === "http.server.connections");
+  const list =
+    key && (server as unknown as Record<symbol, { idle(): { socket: Socket }[] } | undefined>)[key];
+  return new Set(list?.idle().map((parser) => parser.socket) ?? []);
 }
 
 /** The answer a connection is writing (Node's own test in `closeIdleConnections`), if any. */

@@ -21,7 +21,7 @@ import {
 import { InvalidTaskConfigError, parseTaskConfig, TaskSubmitBodySchema } from "../tasks/task-config.js";
 import { TaskNotFoundError, type TaskStore } from "../tasks/task-store.js";
 import { normalizeTerminationReason, type TerminationReason } from "../tasks/termination-reason.js";
-import { ConnectionDrain, DRAIN_TIMES, type DrainTimes } from "./connection-drain.js";
+import { ConnectionDrain, DRAIN_TIMES, type ConnectionHandoff, type DrainTimes } from "./connection-drain.js";
 import { BODY_LIMIT_BYTES, decodeObjectBody, HttpError } from "./http-errors.js";
 import type { ShimMetrics } from "./metrics.js";
 import { openApiDocument, type ApiRoute } from "./openapi.js";
@@ -63,6 +63,8 @@ export interface ApiDeps {
   readonly homeHealth?: () => HomeHealth;
   /** How long `close()` keeps open connections to answer what arrives on them (default DRAIN_TIMES). */
   readonly drainTimes?: DrainTimes;
+  /** Where idle connections go when the server drains, instead of being closed (the next shim). */
+  readonly handoff?: ConnectionHandoff;
 }
 
 /** An events follower further behind than this is cut off (it reconnects and gets a fresh snapshot). */
@@ -204,7 +206,7 @@ export function buildApi(deps: ApiDeps) {
   // The last preClose hook: fastify's own close (Node's http.Server#close) would destroy every
   // connection without a request in progress at once, requests already written by the client
   // included (connection-drain.ts). By the time it runs, the drain has closed them all.
-  const drain = new ConnectionDrain(app.server);
+  const drain = new ConnectionDrain(app.server, deps.handoff);
   app.addHook("preClose", () => drain.drain(deps.drainTimes ?? DRAIN_TIMES));
 
   const id = (request: FastifyRequest): string => (request.params as { id: string }).id;

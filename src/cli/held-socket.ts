@@ -83,7 +83,7 @@ export async function holdApiSocket(
 
 /** The spawn settings of a shim started by a supervisor holding the socket. */
 export function heldSocketSpawn(env: NodeJS.ProcessEnv): {
-  stdio: ["inherit", "inherit", "inherit", number];
+  stdio: readonly ["inherit", "inherit", "inherit", number];
   env: NodeJS.ProcessEnv;
 } {
   const { LISTEN_PID: _pid, LISTEN_FDNAMES: _names, ...rest } = env;

@@ -30,6 +30,7 @@ import { StorageHealth } from "../state/storage-health.js";
 import { TaskDirs } from "../state/task-dirs.js";
 import { TaskStore } from "../tasks/task-store.js";
 import { VERSION } from "../version.js";
+import { shimHandoff } from "./connection-handoff.js";
 import { startHeapTrim } from "./heap-trim.js";
 import { listenTarget, type ListenTarget } from "./listen-target.js";
 import { errorMessage } from "../errors/error-message.js";
@@ -279,6 +280,8 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
     let stopping: Promise<void> | undefined;
     let resolveStopped!: () => void;
     const stopped = new Promise<void>((resolve) => (resolveStopped = resolve));
+    // Under `taskshim supervise`: kept-alive connections go to the next shim, not closed.
+    const handoff = shimHandoff();
     const app = buildApi({
       version: VERSION,
       store: ctx.store,
@@ -293,6 +296,7 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
       ...(authToken !== undefined ? { authToken } : {}),
       requestShutdown: (force) => shutdown(force),
       homeHealth: () => homeWatch.current(),
+      ...(handoff ? { handoff } : {}),
     });
     // fastify compiles its routes and schemas (CPU) while the restore waits on the engine and the
     // disk; nothing listens before the restore and the first tick are done.
@@ -330,6 +334,7 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
     } catch (error) {
       throw listenError(error, config.httpAddress, config.httpPort);
     }
+    handoff?.accept(app.server);
     // The socket actually served: systemd's, when socket-activated, may differ from the flags.
     const bound = app.server.address();
     const address =

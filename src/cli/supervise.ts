@@ -1,6 +1,7 @@
 import { spawn, type ChildProcess } from "node:child_process";
 import { constants } from "node:os";
 import { setTimeout as sleep } from "node:timers/promises";
+import { HANDOFF_ENV, HandoffRelay } from "./connection-handoff.js";
 import { heldSocketSpawn } from "./held-socket.js";
 
 /** sysexits' EX_CONFIG, which `serve` exits with on a configuration error: restarting cannot help. */
@@ -62,25 +63,32 @@ export async function supervise(options: SuperviseOptions): Promise<number> {
     write(
       `${JSON.stringify({ time: new Date().toISOString(), supervisor: true, msg: message, ...fields })}\n`,
     );
+  // Kept-alive API connections go from each shim that drains to the next one that serves.
+  const relay = new HandoffRelay();
   let stopping = false;
   let child: ChildProcess | undefined;
   const stop = (signal: NodeJS.Signals): void => {
     stopping = true;
+    relay.close();
     child?.kill(signal);
   };
   const onTerm = (): void => stop("SIGTERM");
   const onInt = (): void => stop("SIGINT");
   process.on("SIGTERM", onTerm);
   process.on("SIGINT", onInt);
+  const { stdio, env }: { stdio: readonly ("inherit" | number)[]; env: NodeJS.ProcessEnv } =
+    options.heldSocket
+      ? heldSocketSpawn(process.env)
+      : { stdio: ["inherit", "inherit", "inherit"], env: process.env };
   try {
     let crashes = 0;
     for (let run = 1; ; run++) {
       const started = Date.now();
-      child = spawn(
-        options.binary,
-        ["serve", ...options.serveArgs],
-        options.heldSocket ? heldSocketSpawn(process.env) : { stdio: "inherit" },
-      );
+      child = spawn(options.binary, ["serve", ...options.serveArgs], {
+        stdio: [...stdio, "ipc"],
+        env: { ...env, [HANDOFF_ENV]: "1" },
+      });
+      relay.attach(child);
       note("shim started", { run, pid: child.pid, binary: options.binary });
       const exit = await new Promise<ChildExit>((resolve) => {
         child?.once("error", (error) => {
@@ -116,6 +124,7 @@ export async function supervise(options: SuperviseOptions): Promise<number> {
       if (stopping) return 0;
     }
   } finally {
+    relay.close();
     process.off("SIGTERM", onTerm);
     process.off("SIGINT", onInt);
   }

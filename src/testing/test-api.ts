@@ -5,7 +5,7 @@ import { buildApi } from "../api/server.js";
 import { ComponentService } from "../components/component-service.js";
 import type { CommandRunner } from "../exec/run-bounded.js";
 import { VERSION } from "../version.js";
-import type { DrainTimes } from "../api/connection-drain.js";
+import type { ConnectionHandoff, DrainTimes } from "../api/connection-drain.js";
 import { FakeCommandRunner } from "./fake-command-runner.js";
 import type { TestEnv } from "./test-context.js";
 
@@ -19,6 +19,8 @@ export interface TestApiOptions {
   readonly withoutRunner?: boolean;
   /** How long `close()` keeps open connections (default: the shim's). */
   readonly drainTimes?: DrainTimes;
+  /** Where idle connections go at `close()` (default: none; they are closed). */
+  readonly handoff?: ConnectionHandoff;
 }
 
 /** The real HTTP edge over a test context (fake engine, temp home): what the API tests inject into. */
@@ -48,5 +50,6 @@ export function buildTestApi(env: TestEnv, options: TestApiOptions = {}): Return
     requestShutdown: options.requestShutdown ?? (() => undefined),
     ...(options.authToken !== undefined ? { authToken: options.authToken } : {}),
     ...(options.drainTimes ? { drainTimes: options.drainTimes } : {}),
+    ...(options.handoff ? { handoff: options.handoff } : {}),
   });
 }
