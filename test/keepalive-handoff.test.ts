@@ -113,7 +113,7 @@ afterAll(async () => {
 });
 
 describe("a kept-alive connection across a restart under supervise", () => {
-  it("is served by the next shim: a request written on it while no shim runs is answered", async () => {
+  it("U7 is served by the next shim: a request written on it while no shim runs is answered", async () => {
     const socket = connect(port, "127.0.0.1");
     try {
       const first = await exchange(socket, HEALTHCHECK);
