@@ -2,6 +2,7 @@ import { spawn, type ChildProcess } from "node:child_process";
 import { connect, type Socket } from "node:net";
 import { setTimeout as sleep } from "node:timers/promises";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { alive } from "./support/dockerd.js";
 import { bundleNodeFlags, freePort, SHIM_BUNDLE, tempHome } from "./support/shim-process.js";
 
 /*
@@ -18,15 +19,6 @@ const HEALTHCHECK = "GET /api/healthcheck HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
 /** The pids of the shims the supervisor started, in order. */
 function shimPids(): number[] {
   return [...log.matchAll(/"msg":"shim started"[^\n]*"pid":(\d+)/g)].map((m) => Number(m[1]));
-}
-
-function alive(pid: number): boolean {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch {
-    return false;
-  }
 }
 
 async function until(

@@ -19,7 +19,8 @@ export function findDockerd(): { pid: number; argv: string[] } {
   throw new Error("no dockerd process found");
 }
 
-function alive(pid: number): boolean {
+/** Whether a process with this pid exists. */
+export function alive(pid: number): boolean {
   try {
     process.kill(pid, 0);
     return true;
