@@ -65,7 +65,9 @@ export class ConnectionDrain {
         this.#open.delete(socket);
         this.#settleIfEmpty();
       });
-      if (this.#state === "draining" && !this.#handOver(socket)) this.#closeWhenIdle(socket);
+      if (this.#state === "draining" && !this.#handOver(socket, this.#betweenMessages())) {
+        this.#closeWhenIdle(socket);
+      }
     });
   }
 
@@ -100,10 +102,11 @@ export class ConnectionDrain {
       for (const socket of this.#open) socket.destroy();
     }, times.deadlineMs);
     void done.then(() => clearTimeout(deadline));
+    const idle = this.#betweenMessages();
     for (const socket of this.#open) {
       const response = inProgress(socket);
       if (response) this.#lastAnswer(response);
-      else if (!this.#handOver(socket)) this.#closeWhenIdle(socket);
+      else if (!this.#handOver(socket, idle)) this.#closeWhenIdle(socket);
     }
     this.#settleIfEmpty();
     return done;
@@ -121,10 +124,25 @@ export class ConnectionDrain {
    * is between messages (the bytes of a request read in part would be lost with it). What the
    * client wrote that is not read yet is still in the kernel and goes with the descriptor.
    */
-  #handOver(socket: Socket): boolean {
-    if (!this.handoff || socket.destroyed) return false;
-    if (!betweenMessages(this.server).has(socket)) return false;
+  #handOver(socket: Socket, betweenMessages: ReadonlySet<Socket>): boolean {
+    if (!this.handoff || socket.destroyed || !betweenMessages.has(socket)) return false;
     return this.handoff.give(socket);
+  }
+
+  /**
+   * The connections whose HTTP parser has no message begun: Node's own list of them, the one its
+   * `closeIdleConnections()` reads (`http.server.connections`: each parser marks the start of a
+   * message at its first byte and clears it when the message is complete). Empty without a
+   * handoff (nothing to ask), or when the server does not listen (Node keeps the list from
+   * `listening` on).
+   */
+  #betweenMessages(): ReadonlySet<Socket> {
+    if (!this.handoff) return new Set();
+    const server = this.server;
+    const key = Object.getOwnPropertySymbols(server).find((s) => s.description === "http.server.connections");
+    const list =
+      key && (server as unknown as Record<symbol, { idle(): { socket: Socket }[] } | undefined>)[key];
+    return new Set(list?.idle().map((parser) => parser.socket) ?? []);
   }
 
   #closeWhenIdle(socket: Socket): void {
@@ -146,19 +164,6 @@ export class ConnectionDrain {
     this.#state = "drained";
     this.#finish?.();
   }
-}
-
-/**
- * The connections whose HTTP parser has no message begun: Node's own list of them, the one its
- * `closeIdleConnections()` reads (`http.server.connections`: each parser marks the start of a
- * message at its first byte and clears it when the message is complete). Empty when the server
- * does not listen (Node keeps the list from `listening` on).
- */
-function betweenMessages(server: Server): Set<Socket> {
-  const key = Object.getOwnPropertySymbols(server).find((s) => s.description === "http.server.connections");
-  const list =
-    key && (server as unknown as Record<symbol, { idle(): { socket: Socket }[] } | undefined>)[key];
-  return new Set(list?.idle().map((parser) => parser.socket) ?? []);
 }
 
 /** The answer a connection is writing (Node's own test in `closeIdleConnections`), if any. */
