@@ -308,7 +308,7 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
     // (On a degraded home they stay not yet durable and are written once it takes writes.)
     for (const id of report.changed) await runner.persister.persist(id).catch(() => undefined);
     metrics.restoredTasks.set(report.restored);
-    metrics.quarantined.set({ kind: "corrupt" }, report.quarantined.length);
+    metrics.quarantined.set({ kind: "corrupt" }, report.quarantineHeld);
     metrics.quarantined.set({ kind: "newer-format" }, report.skippedNewer.length);
 
     // Exits that happened while the shim was down are final before the first request. The

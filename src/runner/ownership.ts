@@ -1,4 +1,5 @@
 import type { Logger } from "pino";
+import { isValidTaskId } from "../tasks/task-config.js";
 
 /** The facts about a labelled container that decide whose it is. */
 export interface OwnedContainerFacts {
@@ -15,7 +16,9 @@ export interface OwnedContainerFacts {
  * - `handover`: no owner label, and this home holds a task.json of its task id (written by
  *   dstack-shim >= 0.21.3 or by a taskshim from before the owner label);
  * - `unowned-adopted`: no owner label, no task.json, and the operator asked for such containers
- *   (`--adopt-unowned`): its config is unknown, its volumes come from its mounts;
+ *   (`--adopt-unowned`): its config is unknown, its volumes come from its mounts. Only a task
+ *   label the submit would accept as an id (or none) is adopted: the task.json written for it
+ *   must read back at the next start, and its id must work in the API's paths;
  * - `foreign`: everything else: another home's container, or one nobody here claims.
  */
 export type Ownership = "own" | "handover" | "unowned-adopted" | "foreign";
@@ -44,7 +47,7 @@ export class ContainerOwnership {
   classify(container: OwnedContainerFacts, hasTaskState: (taskId: string) => boolean): Ownership {
     if (container.owner !== "") return container.owner === this.homeId ? "own" : "foreign";
     if (container.taskId !== "" && hasTaskState(container.taskId)) return "handover";
-    return this.adoptUnowned ? "unowned-adopted" : "foreign";
+    return this.adoptUnowned && adoptable(container.taskId) ? "unowned-adopted" : "foreign";
   }
 
   /** Whether the container is this shim's (any verdict but `foreign`). */
@@ -77,13 +80,20 @@ export class ContainerOwnership {
             taskId: container.taskId,
             owner: container.owner,
           },
-          container.owner === ""
-            ? "labelled container without owner label and without task state here left alone (see --adopt-unowned)"
-            : "container of another taskshim home left alone",
+          container.owner !== ""
+            ? "container of another taskshim home left alone"
+            : this.adoptUnowned
+              ? "container without owner label not adopted: its task label is not a valid task id"
+              : "labelled container without owner label and without task state here left alone (see --adopt-unowned)",
         );
       }
     }
     this.onForeignCount?.(foreign);
     return ours;
   }
+}
+
+/** A task label an adoption can take: a valid id, or none (such a container is then ignored). */
+function adoptable(taskId: string): boolean {
+  return taskId === "" || isValidTaskId(taskId);
 }

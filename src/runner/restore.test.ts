@@ -4,7 +4,8 @@ import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { LABEL_IS_TASK, LABEL_OWNER, LABEL_TASK_ID } from "../docker/docker-client.js";
 import { TaskDirs } from "../state/task-dirs.js";
-import { encodeTaskState, TASK_STATE_FILE } from "../state/task-state-file.js";
+import { encodeTaskState, TASK_STATE_FILE, writeTaskState } from "../state/task-state-file.js";
+import { parseTaskConfig } from "../tasks/task-config.js";
 import { TaskStore } from "../tasks/task-store.js";
 import { capturingLogger } from "../testing/capturing-logger.js";
 import { hostConfigFor, TWO_AMD_GPUS } from "../testing/fixtures.js";
@@ -244,13 +245,35 @@ describe("restoreTasks", () => {
     const next = await restart();
     const report = await restoreTasks(next.ctx);
     expect(report.quarantined).toHaveLength(1);
-    expect(report.quarantined[0]).toMatch(/task\.json\.quarantined-/);
+    expect(report.quarantineHeld).toBe(1);
+    const [kept = ""] = report.quarantined;
+    expect(kept.startsWith(join(env.home, "quarantine", "broken-0123abcd."))).toBe(true);
     expect(existsSync(join(badDir, TASK_STATE_FILE))).toBe(false);
-    const names = await readdir(badDir);
-    const kept = names.find((n) => n.startsWith(`${TASK_STATE_FILE}.quarantined-`));
-    expect(kept).toBeDefined();
-    expect(await readFile(join(badDir, kept ?? ""), "utf8")).toBe("{not json");
+    expect(await readFile(kept, "utf8")).toBe("{not json");
+    expect(await readFile(kept.replace(/task\.json$/, "note.json"), "utf8")).toContain(
+      "task state is not valid JSON",
+    );
     expect(next.ctx.store.mustGet(good.id).status).toBe("running");
+  });
+
+  it("restores a task whose stored config today's submit rules refuse, with its config and reason", async () => {
+    const task = await env.submitAndStart();
+    await env.runner.terminate(task.id, 0, "terminated_by_user", "by hand");
+    const file = join(task.taskDir, TASK_STATE_FILE);
+    const stored = JSON.parse(await readFile(file, "utf8")) as { config: Record<string, unknown> };
+    // An env name an older release accepted and the submit now refuses.
+    stored.config.env = { "legacy-name": "1" };
+    expect(() => parseTaskConfig(stored.config)).toThrow(/invalid env name/);
+    await writeFile(file, JSON.stringify(stored));
+    const next = await restart();
+    const report = await restoreTasks(next.ctx);
+    expect(report.quarantined).toEqual([]);
+    expect(next.ctx.store.mustGet(task.id)).toMatchObject({
+      status: "terminated",
+      terminationReason: "terminated_by_user",
+      terminationMessage: "by hand",
+      config: { image_name: task.config.image_name, env: { "legacy-name": "1" } },
+    });
   });
 
   it("leaves a task.json of a newer version untouched", async () => {
@@ -586,7 +609,7 @@ describe("restoreTasks --adopt-unowned", () => {
     ]);
   });
 
-  it("strips only the trailing hash of the name, and falls back when the name or the volumes are invalid", async () => {
+  it("strips only the trailing hash of the name, drops mounts with invalid names, and leaves an invalid task label alone", async () => {
     const root = env.ctx.params.volumeMountRoot;
     env.docker.addContainer({ name: "job-deadbeef-12345678", labels: bareLabels("a-task") });
     env.docker.addContainer({ name: "-0badf00d", labels: bareLabels("b-task") });
@@ -606,8 +629,22 @@ describe("restoreTasks --adopt-unowned", () => {
       name: "vols",
       volumes: [],
     });
-    const odd = next.ctx.store.mustGet("odd id!");
-    expect({ id: odd.config.id, name: odd.config.name }).toEqual({ id: "legacy-task", name: "legacy" });
+    // Adopted, its task.json would carry an id the next start could not match to it: not adopted.
+    expect(next.ctx.store.get("odd id!")).toBeUndefined();
+  });
+
+  it("an adopted container with a non-UUID label survives two restarts with its task.json read back", async () => {
+    // A name longer than the submit allows (Docker takes it): the config used to fall back to the
+    // id "legacy-task", and the next start quarantined the task.json written for it.
+    env.docker.addContainer({ name: `${"n".repeat(120)}-0badf00d`, labels: bareLabels("my-job.1") });
+    for (let start = 0; start < 3; start++) {
+      const next = await restart({ ownership: adopting() });
+      const report = await restoreTasks(next.ctx);
+      expect(report.quarantined).toEqual([]);
+      const task = next.ctx.store.mustGet("my-job.1");
+      expect(task.config.id).toBe("my-job.1");
+      await writeTaskState(task.taskDir, task, "boot");
+    }
   });
 
   it("an adopted container whose dir cannot be made: restored without a dir, logged, not persisted", async () => {

@@ -6,10 +6,11 @@ import { gpuIdsFromContainer } from "../docker/gpu-devices.js";
 import type { ScannedTaskDir } from "../state/task-dirs.js";
 import { epochOf, UnsupportedTaskStateVersionError, type TaskState } from "../state/task-state-file.js";
 import { newTask, type Task } from "../tasks/task.js";
-import { parseTaskConfig } from "../tasks/task-config.js";
+import { isValidVolumeName, type TaskConfig } from "../tasks/task-config.js";
 import type { TaskStatus } from "../tasks/task-status.js";
 import { deleteRegistryAuth, REGISTRY_AUTH_FILE } from "./registry-auth-file.js";
 import type { RunnerContext } from "./runner-context.js";
+import { errorMessage } from "../errors/error-message.js";
 
 /** What startup found and did, for logs and metrics. */
 export interface RestoreReport {
@@ -18,6 +19,8 @@ export interface RestoreReport {
   readonly resumed: string[];
   /** State files renamed aside because they could not be read. */
   readonly quarantined: string[];
+  /** State files held in `<home>/quarantine/` after its sweep (this start's and earlier ones). */
+  readonly quarantineHeld: number;
   /** State files of a newer format: left alone, never deleted. */
   readonly skippedNewer: string[];
   /** Labelled containers without a task id label. */
@@ -59,7 +62,13 @@ export async function restoreTasks(ctx: RunnerContext): Promise<RestoreReport> {
         log.warn({ dir: entry.dir, err: entry.error }, "task state of a newer format left alone");
         skippedNewer.push(entry.dir);
       } else {
-        const target = await dirs.quarantine(entry.dir).catch(() => entry.dir);
+        const target = await dirs.quarantine(entry.dir, errorMessage(entry.error)).catch((error: unknown) => {
+          log.error(
+            { dir: entry.dir, err: error },
+            "corrupt task state could not be moved to the quarantine",
+          );
+          return entry.dir;
+        });
         log.error(
           { dir: entry.dir, quarantinedAs: target, err: entry.error },
           "corrupt task state quarantined",
@@ -172,6 +181,7 @@ export async function restoreTasks(ctx: RunnerContext): Promise<RestoreReport> {
       taskDir,
       cleanedUp,
       ...(stored?.state.exit_code !== undefined ? { exitCode: stored.state.exit_code } : {}),
+      ...(stored?.state.unknown_fields ? { unknownFields: stored.state.unknown_fields } : {}),
       ...(foreignDir !== undefined ? { foreign: true } : {}),
       ...(keysUnknown ? { degraded: true } : {}),
       ...(container.state !== "created" && acrossReboot(ctx, stored?.state) ? { acrossReboot: true } : {}),
@@ -199,11 +209,13 @@ export async function restoreTasks(ctx: RunnerContext): Promise<RestoreReport> {
       taskDir: dir,
       cleanedUp: state.cleaned_up,
       ...(state.exit_code !== undefined ? { exitCode: state.exit_code } : {}),
+      ...(state.unknown_fields ? { unknownFields: state.unknown_fields } : {}),
       ...(!PRE_CONTAINER.includes(status) && acrossReboot(ctx, state) ? { acrossReboot: true } : {}),
     });
     if (PRE_CONTAINER.includes(status)) resumed.push(taskId);
   }
 
+  const quarantineHeld = await dirs.sweepQuarantine();
   await sweepCredentials(ctx, scanned, skippedNewer);
   // A foreign container's name keeps a dir of that name too: it may be another home's handover.
   const swept = await dirs.sweepLeftovers(new Set(containers.map((c) => c.name)));
@@ -223,6 +235,7 @@ export async function restoreTasks(ctx: RunnerContext): Promise<RestoreReport> {
     restored: store.size,
     resumed,
     quarantined,
+    quarantineHeld,
     skippedNewer,
     ignoredContainers,
     foreignContainers,
@@ -308,26 +321,43 @@ function add(ctx: RunnerContext, task: Task): void {
   }
 }
 
-/** A container created by a shim without task.json: only what the container itself tells. */
+/**
+ * A container created by a shim without task.json: only what the container itself tells. Built
+ * as a stored config (not through the submit validator, whose policy may refuse a label or a
+ * mount name), so that its task.json, once written, reads back with the same id.
+ */
 function legacyConfig(
   taskId: string,
   container: TaskContainerSummary,
   volumes: readonly { readonly name: string; readonly path: string }[],
-) {
-  const name = container.name.replace(/-[0-9a-f]{8}$/, "") || "task";
-  const recovered = {
-    volumes: volumes.map((v) => ({ name: v.name, backend: "", volume_id: "", init_fs: false })),
-    volume_mounts: volumes.map((v) => ({ name: v.name, path: v.path })),
+): TaskConfig {
+  // A mount whose name the submit would refuse is not taken for a volume this task may release.
+  const named = volumes.filter((v) => isValidVolumeName(v.name));
+  return {
+    id: taskId,
+    name: container.name.replace(/-[0-9a-f]{8}$/, "") || "task",
+    image_name: "unknown",
+    container_user: "root",
+    privileged: false,
+    gpu: 0,
+    cpu: 0,
+    memory: 0,
+    shm_size: 0,
+    network_mode: "host",
+    volumes: named.map((v) => ({
+      name: v.name,
+      backend: "",
+      volume_id: "",
+      init_fs: false,
+      device_name: "",
+    })),
+    volume_mounts: named.map((v) => ({ name: v.name, path: v.path })),
+    instance_mounts: [],
+    gpu_devices: [],
+    host_ssh_user: "",
+    host_ssh_keys: [],
+    container_ssh_keys: [],
   };
-  try {
-    return parseTaskConfig({ id: taskId, name, image_name: "unknown", ...recovered }).config;
-  } catch {
-    try {
-      return parseTaskConfig({ id: taskId, name, image_name: "unknown" }).config;
-    } catch {
-      return parseTaskConfig({ id: "legacy-task", name: "legacy", image_name: "unknown" }).config;
-    }
-  }
 }
 
 /**

@@ -162,15 +162,17 @@ describe("task dirs", () => {
     expect(await readdir(dirs.root)).toEqual(["job-1"]);
   });
 
-  it("quarantine renames task.json aside and fsyncs the task dir", async () => {
+  it("quarantine moves task.json to <home>/quarantine and fsyncs the task dir and the quarantine", async () => {
     const dirs = new TaskDirs(root);
     const dir = await dirs.make("job-1");
     await writeFile(join(dir, TASK_STATE_FILE), "not json");
     resetFsJournal();
-    const aside = await dirs.quarantine(dir);
+    const aside = await dirs.quarantine(dir, "task state is not valid JSON");
+    expect(aside.startsWith(join(root, "quarantine") + "/")).toBe(true);
     const renamed = lastIndex((e) => e.op === "rename" && e.to === aside);
     expect(renamed).toBeGreaterThan(-1);
     expect(dirSyncedAfter(fsJournal, renamed, dir)).toBe(true);
+    expect(dirSyncedAfter(fsJournal, renamed, join(root, "quarantine"))).toBe(true);
   });
 
   it("a sweep fsyncs the runners dir after deleting leftovers", async () => {

@@ -5,6 +5,7 @@ import { isMainThread } from "node:worker_threads";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import type { Task } from "../tasks/task.js";
 import { parseTaskConfig } from "../tasks/task-config.js";
+import { quarantineStateFile, sweepQuarantine } from "./quarantine.js";
 import { RUNNER_SUBDIR, TaskDirs, UnsafeTaskDirError, type ScannedTaskDir } from "./task-dirs.js";
 import {
   CorruptTaskStateError,
@@ -180,22 +181,63 @@ describe("TaskDirs.scan", () => {
 });
 
 describe("TaskDirs.quarantine", () => {
-  it("renames task.json aside, keeping its bytes, so the next scan sees no state", async () => {
+  it("moves task.json to <home>/quarantine with a note of why, keeping its bytes; the next scan sees no state", async () => {
     const dir = await dirs.make("bad-0-0-99999999");
     await writeFile(join(dir, TASK_STATE_FILE), "garbage");
-    const target = await dirs.quarantine(dir);
-    expect(basename(target)).toMatch(/^task\.json\.quarantined-\d+$/);
-    expect(target.startsWith(`${dir}/`)).toBe(true);
+    const target = await dirs.quarantine(dir, "task state is not valid JSON");
+    expect(basename(target)).toMatch(/^bad-0-0-99999999\.\d+\.task\.json$/);
+    expect(target.startsWith(`${join(home, "quarantine")}/`)).toBe(true);
     expect(await readFile(target, "utf8")).toBe("garbage");
+    const note = JSON.parse(await readFile(target.replace(/\.task\.json$/, ".note.json"), "utf8")) as Record<
+      string,
+      unknown
+    >;
+    expect(note).toMatchObject({ task_dir: dir, reason: "task state is not valid JSON" });
     expect(await exists(join(dir, TASK_STATE_FILE))).toBe(false);
     const [entry] = await dirs.scan();
     expect(entry).toMatchObject({ kind: "no-state", dir });
-    expect(entry?.names).toContain(basename(target));
+  });
+
+  it("keeps the quarantined file when the task's dir is removed later", async () => {
+    const dir = await dirs.make("gone-0-0-99999999");
+    await writeFile(join(dir, TASK_STATE_FILE), "garbage");
+    const target = await dirs.quarantine(dir, "bad");
+    await dirs.remove(dir);
+    expect(await readFile(target, "utf8")).toBe("garbage");
+    expect(await dirs.sweepQuarantine()).toBe(1);
   });
 
   it("fails when there is no task.json to quarantine", async () => {
     const dir = await dirs.make("empty-0-0-00000000");
-    await expect(dirs.quarantine(dir)).rejects.toMatchObject({ code: "ENOENT" });
+    await expect(dirs.quarantine(dir, "bad")).rejects.toMatchObject({ code: "ENOENT" });
+  });
+});
+
+describe("sweepQuarantine", () => {
+  const DAY = 24 * 60 * 60 * 1000;
+  it("keeps the newest files within the age and count, and deletes the rest with their notes", async () => {
+    const now = Date.UTC(2026, 11, 1);
+    for (const [name, age] of [
+      ["a", 1],
+      ["b", 2],
+      ["c", 3],
+      ["old", 40],
+    ] as const) {
+      const dir = await dirs.make(`${name}-0-0-11111111`);
+      await writeFile(join(dir, TASK_STATE_FILE), name);
+      await quarantineStateFile(home, dir, TASK_STATE_FILE, "why", "9.9.9", now - age * DAY);
+    }
+    await writeFile(join(home, "quarantine", "orphan.5.note.json"), "{}");
+    await writeFile(join(home, "quarantine", "README"), "kept: not ours");
+    expect(await sweepQuarantine(home, now, { maxAgeMs: 30 * DAY, maxFiles: 2 })).toBe(2);
+    const left = (await readdir(join(home, "quarantine"))).sort();
+    expect(left.filter((n) => n.endsWith(".task.json")).map((n) => n.split("-")[0])).toEqual(["a", "b"]);
+    expect(left.filter((n) => n.endsWith(".note.json"))).toHaveLength(2);
+    expect(left).toContain("README");
+  });
+
+  it("holds nothing when there is no quarantine", async () => {
+    expect(await sweepQuarantine(join(home, "nowhere"))).toBe(0);
   });
 });
 

@@ -1,8 +1,10 @@
 import { chmod, mkdir, readdir, rename, rm, unlink } from "node:fs/promises";
-import { join, relative, resolve, sep } from "node:path";
+import { dirname, join, relative, resolve, sep } from "node:path";
 import pLimit from "p-limit";
 import { syncDirectory, tempFilePrefix } from "./durable-write.js";
+import { quarantineStateFile, sweepQuarantine } from "./quarantine.js";
 import { readTaskState, TASK_STATE_FILE, type TaskState } from "./task-state-file.js";
+import { VERSION } from "../version.js";
 
 /** The subdir of a task dir that is bind-mounted into the container as /tmp/runner. */
 export const RUNNER_SUBDIR = "runner";
@@ -141,12 +143,17 @@ export class TaskDirs {
     return swept;
   }
 
-  /** Renames an unusable task.json aside so it is kept for a human and never read again. */
-  async quarantine(dir: string): Promise<string> {
-    const target = join(dir, `${TASK_STATE_FILE}.quarantined-${Date.now()}`);
-    await rename(join(dir, TASK_STATE_FILE), target);
-    await syncDirectory(dir);
-    return target;
+  /**
+   * Moves an unusable task.json to `<home>/quarantine/` with a note of `reason`, so it is kept
+   * for a human, never read again, and not deleted by a later remove of its task.
+   */
+  async quarantine(dir: string, reason: string): Promise<string> {
+    return quarantineStateFile(dirname(this.root), dir, TASK_STATE_FILE, reason, VERSION);
+  }
+
+  /** Sweeps the quarantine by age and count; how many files it holds. */
+  async sweepQuarantine(): Promise<number> {
+    return sweepQuarantine(dirname(this.root));
   }
 
   /** Deletes the dir's stale temp files; the names left, or `undefined` if it cannot be listed. */

@@ -273,15 +273,26 @@ describe("rejected task.json", () => {
       (t: string) => t.replace(`"id":"${ID}","config"`, `"id":"other","config"`),
     ],
     ["a config without image_name", (t: string) => t.replace(/"image_name":"[^"]*",/, "")],
-    ["a config with a hostile path", (t: string) => t.replace(`"path":"/data"`, `"path":"../../etc"`)],
     [
-      "an unknown termination reason",
-      (t: string) => t.replace(`"termination_reason":""`, `"termination_reason":"nope"`),
+      "a config that is not an object",
+      (t: string) => t.replace(/"config":\{.*\},"termination_reason"/, `"config":[],"termination_reason"`),
+    ],
+    ["a numeric name", (t: string) => t.replace(`"name":"vllm-0-0"`, `"name":7`)],
+    ["a textual gpu count", (t: string) => t.replace(`"gpu":-1`, `"gpu":"all"`)],
+    [
+      "a key list holding a number",
+      (t: string) => t.replace(`"container_ssh_keys":[`, `"container_ssh_keys":[1,`),
     ],
     [
-      "an unknown status",
-      (t: string) => t.replace(`"cleaned_up":false`, `"cleaned_up":false,"status":"zombie"`),
+      "a volume mount that is not an object",
+      (t: string) =>
+        t.replace(`"volume_mounts":[{"name":"data","path":"/data"}]`, `"volume_mounts":["data"]`),
     ],
+    [
+      "a reason that is not a word",
+      (t: string) => t.replace(`"termination_reason":""`, `"termination_reason":"no pe!"`),
+    ],
+    ["a numeric status", (t: string) => t.replace(`"cleaned_up":false`, `"cleaned_up":false,"status":3`)],
     [
       "a fractional exit code",
       (t: string) => t.replace(`"cleaned_up":false`, `"cleaned_up":false,"exit_code":1.5`),
@@ -343,14 +354,24 @@ describe("rejected task.json: what the error says", () => {
     [
       "a config without image_name",
       DSTACK_SHIM_V1.replace(/"image_name":"[^"]*",/, ""),
-      "task state has an invalid config: empty image_name",
+      "task state has an invalid config: config has no image_name",
+    ],
+    [
+      "a textual memory",
+      DSTACK_SHIM_V1.replace(`"memory":0`, `"memory":"16G"`),
+      "task state has an invalid config: memory has the wrong type",
+    ],
+    [
+      "a volume whose init_fs is text",
+      DSTACK_SHIM_V1.replace(`"volumes":null`, `"volumes":[{"name":"v","init_fs":"yes"}]`),
+      "task state has an invalid config: volumes[0].init_fs has the wrong type",
     ],
     [
       "a numeric reason",
       DSTACK_SHIM_V1.replace(`"termination_reason":""`, `"termination_reason":3`),
       "task state has an invalid termination_reason",
     ],
-    ["an unknown status", withField("status", '"zombie"'), "task state has an invalid status"],
+    ["a numeric status", withField("status", "3"), "task state has an invalid status"],
     ["a textual exit code", withField("exit_code", '"0"'), "task state has an invalid exit_code"],
   ])("%s: CorruptTaskStateError with its reason", (_what, text, message) => {
     let error: unknown;
@@ -380,7 +401,8 @@ describe("rejected task.json: what the error says", () => {
         return error as Error;
       }
     })() as Error;
-    expect((badConfig.cause as Error).message).toBe("empty image_name");
+    expect((badConfig.cause as Error).message).toBe("config has no image_name");
+    expect((badConfig.cause as Error).name).toBe("StoredConfigError");
   });
 
   it("names the newer-format error", () => {
@@ -395,5 +417,92 @@ describe("rejected task.json: what the error says", () => {
     );
     const state = decodeTaskState(text);
     expect([state.termination_reason, state.termination_message]).toEqual(["", ""]);
+  });
+});
+
+describe("task.json as a contract between releases", () => {
+  it("reads a config that today's submit rules refuse: the file is a record, not a request", () => {
+    const stored = JSON.parse(DSTACK_SHIM_V1) as { config: Record<string, unknown> };
+    stored.config.env = { "not-a-shell-name": "1" };
+    stored.config.volume_mounts = [{ name: "data", path: "relative/path" }];
+    stored.config.name = "a name with spaces";
+    stored.config.gpu = 100_000;
+    expect(() => parseTaskConfig(stored.config)).toThrow();
+    const state = decodeTaskState(JSON.stringify(stored));
+    expect(state.config).toMatchObject({
+      env: { "not-a-shell-name": "1" },
+      volume_mounts: [{ name: "data", path: "relative/path" }],
+      name: "a name with spaces",
+      gpu: 100_000,
+    });
+  });
+
+  it("reads what it writes, for every config the submit accepts", () => {
+    const task = makeTask({ status: "terminated", terminationReason: "done_by_runner", exitCode: 0 });
+    const state = decodeTaskState(encodeTaskState(task, BOOT_ID));
+    expect(state.config).toEqual(CONFIG);
+    expect(state).not.toHaveProperty("unknown_fields");
+  });
+
+  it("reads a reason and a status a newer release may write: the reason as written, the status as unknown", () => {
+    const text = DSTACK_SHIM_V1.replace(
+      `"termination_reason":"","termination_message":"","cleaned_up":false`,
+      `"termination_reason":"evicted_by_scheduler","termination_message":"m","cleaned_up":false,"status":"stopping"`,
+    );
+    const state = decodeTaskState(text);
+    expect(state.termination_reason).toBe("evicted_by_scheduler");
+    expect(state).not.toHaveProperty("status");
+  });
+
+  it("keeps a newer release's fields, at the top, in the config and in a volume, and writes them back unchanged", () => {
+    const newer = JSON.parse(encodeTaskState(makeTask({ status: "running" }), BOOT_ID)) as Record<
+      string,
+      unknown
+    >;
+    const config = newer.config as Record<string, unknown>;
+    newer.preempted_at = "2027-01-01T00:00:00.000Z";
+    newer.placement = { zone: "b", attempts: [1, 2] };
+    config.user_data = "#cloud-config";
+    config.volumes = [{ ...(config.volumes as object[])[0], throughput: 125 }];
+    const state = decodeTaskState(JSON.stringify(newer));
+    expect(state.unknown_fields).toEqual({
+      file: { preempted_at: "2027-01-01T00:00:00.000Z", placement: { zone: "b", attempts: [1, 2] } },
+      config: { user_data: "#cloud-config" },
+    });
+    // This version rewrites the task (a status change), as a restore and a reconcile would.
+    const rewritten = encodeTaskState(
+      makeTask({
+        config: state.config,
+        status: "terminated",
+        terminationReason: "done_by_runner",
+        ...(state.unknown_fields ? { unknownFields: state.unknown_fields } : {}),
+      }),
+      BOOT_ID,
+    );
+    const raw = JSON.parse(rewritten) as Record<string, unknown>;
+    expect(raw).toMatchObject({
+      preempted_at: "2027-01-01T00:00:00.000Z",
+      placement: { zone: "b", attempts: [1, 2] },
+      status: "terminated",
+      termination_reason: "done_by_runner",
+    });
+    expect(raw.config).toMatchObject({
+      user_data: "#cloud-config",
+      volumes: [expect.objectContaining({ name: "data", throughput: 125 })],
+    });
+  });
+
+  it("never lets a kept field shadow one this version writes", () => {
+    const state = decodeTaskState(DSTACK_SHIM_V1);
+    const raw = JSON.parse(
+      encodeTaskState(
+        makeTask({
+          config: state.config,
+          unknownFields: { file: { status: "pending", extra: 1 }, config: { image_name: "evil" } },
+        }),
+        BOOT_ID,
+      ),
+    ) as { status: string; config: { image_name: string } };
+    expect([raw.status, raw.config.image_name]).toEqual(["running", state.config.image_name]);
   });
 });

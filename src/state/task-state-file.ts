@@ -1,10 +1,11 @@
 import { readFile } from "node:fs/promises";
 import { join } from "node:path";
-import type { Task } from "../tasks/task.js";
-import { parseTaskConfig, type TaskConfig } from "../tasks/task-config.js";
+import type { Task, UnknownStateFields } from "../tasks/task.js";
+import type { TaskConfig } from "../tasks/task-config.js";
 import { TASK_STATUSES, type TaskStatus } from "../tasks/task-status.js";
-import { isTerminationReason, type TerminationReason } from "../tasks/termination-reason.js";
+import type { TerminationReason } from "../tasks/termination-reason.js";
 import { writeFileDurably } from "./durable-write.js";
+import { decodeStoredConfig, KNOWN_CONFIG_KEYS, unknownKeys } from "./stored-config.js";
 import { errorMessage } from "../errors/error-message.js";
 
 /** The state file's name inside a task dir (the same as dstack-shim's). */
@@ -47,6 +48,8 @@ export interface TaskState {
   readonly created_at?: string;
   readonly started_at?: string;
   readonly finished_at?: string;
+  /** Fields this version does not know (a newer release's), written back unchanged. */
+  readonly unknown_fields?: UnknownStateFields;
 }
 
 const iso = (ms: number | undefined): string | undefined =>
@@ -73,10 +76,14 @@ export class UnsupportedTaskStateVersionError extends Error {
 
 /** Serialises a task; registry credentials are blanked (they never reach disk). */
 export function encodeTaskState(task: Task, bootId: string): string {
+  const unknown = task.unknownFields;
+  // A newer release's fields go first and are overwritten by every field this version knows:
+  // they are written back unchanged, and can never shadow what this version means.
   const state = {
+    ...unknown?.file,
     version: TASK_STATE_VERSION,
     id: task.id,
-    config: { ...task.config, registry_username: "", registry_password: "" },
+    config: { ...unknown?.config, ...task.config, registry_username: "", registry_password: "" },
     termination_reason: task.terminationReason,
     termination_message: task.terminationMessage,
     cleaned_up: task.cleanedUp,
@@ -96,7 +103,36 @@ export function encodeTaskState(task: Task, bootId: string): string {
 const isRecord = (v: unknown): v is Record<string, unknown> =>
   typeof v === "object" && v !== null && !Array.isArray(v);
 
-/** Parses and validates task.json text. */
+/** The top-level keys this version knows; any other key is kept and written back. */
+const KNOWN_STATE_KEYS: ReadonlySet<string> = new Set([
+  "version",
+  "id",
+  "config",
+  "termination_reason",
+  "termination_message",
+  "cleaned_up",
+  "status",
+  "exit_code",
+  "boot_id",
+  "keys_unknown",
+  "created_at",
+  "started_at",
+  "finished_at",
+]);
+
+/**
+ * A stored reason: a known one, or one a newer release (or a newer dstack) knows, kept as
+ * written rather than losing the task's end over a word.
+ */
+const STORED_REASON = /^[a-z][a-z0-9_]{0,63}$/;
+
+/**
+ * Parses task.json text by its structure: the types of its fields and the fields a restore
+ * needs, never today's submit policy (a config an older release accepted restores after the
+ * rule is tightened). Fields this version does not know are kept in `unknown_fields`; a status
+ * it does not know (a newer release's) is read as absent, so the restore decides from the
+ * reason and the container. See docs/architecture.md, "State format and compatibility".
+ */
 export function decodeTaskState(text: string): TaskState {
   let raw: unknown;
   try {
@@ -112,41 +148,58 @@ export function decodeTaskState(text: string): TaskState {
   if (typeof raw.id !== "string" || raw.id === "") throw new CorruptTaskStateError("task state has no id");
   let config: TaskConfig;
   try {
-    config = parseTaskConfig(raw.config).config;
+    config = decodeStoredConfig(raw.config);
   } catch (cause) {
     throw new CorruptTaskStateError(`task state has an invalid config: ${errorMessage(cause)}`, {
       cause,
     });
   }
   if (config.id !== raw.id) throw new CorruptTaskStateError("task state id does not match its config");
-  const reason = raw.termination_reason ?? "";
-  if (typeof reason !== "string" || (reason !== "" && !isTerminationReason(reason.toLowerCase()))) {
+  const reasonValue = raw.termination_reason ?? "";
+  if (typeof reasonValue !== "string")
+    throw new CorruptTaskStateError(`task state has an invalid termination_reason`);
+  const reason = reasonValue.trim().toLowerCase();
+  if (reason !== "" && !STORED_REASON.test(reason)) {
     throw new CorruptTaskStateError(`task state has an invalid termination_reason`);
   }
   const status = raw.status;
-  if (status !== undefined && !(TASK_STATUSES as readonly unknown[]).includes(status)) {
+  if (status !== undefined && typeof status !== "string") {
     throw new CorruptTaskStateError("task state has an invalid status");
   }
   const exitCode = raw.exit_code;
   if (exitCode !== undefined && exitCode !== null && !Number.isInteger(exitCode)) {
     throw new CorruptTaskStateError("task state has an invalid exit_code");
   }
+  const file = unknownKeys(raw, KNOWN_STATE_KEYS);
+  const configExtra = unknownKeys(raw.config as Record<string, unknown>, KNOWN_CONFIG_KEYS);
   return {
     version: TASK_STATE_VERSION,
     id: raw.id,
     config,
-    termination_reason: reason.toLowerCase() as TerminationReason | "",
+    // A reason this version does not list is a newer release's: shown as it was written.
+    termination_reason: reason as TerminationReason | "",
     termination_message: typeof raw.termination_message === "string" ? raw.termination_message : "",
     cleaned_up: raw.cleaned_up === true,
-    ...(status !== undefined ? { status: status as TaskStatus } : {}),
+    ...(isTaskStatus(status) ? { status } : {}),
     ...(exitCode !== undefined ? { exit_code: exitCode as number | null } : {}),
     ...(typeof raw.boot_id === "string" ? { boot_id: raw.boot_id } : {}),
     ...(raw.keys_unknown === true ? { keys_unknown: true } : {}),
     ...(epochOf(raw.created_at) !== undefined ? { created_at: raw.created_at as string } : {}),
     ...(epochOf(raw.started_at) !== undefined ? { started_at: raw.started_at as string } : {}),
     ...(epochOf(raw.finished_at) !== undefined ? { finished_at: raw.finished_at as string } : {}),
+    ...(file !== undefined || configExtra !== undefined
+      ? {
+          unknown_fields: {
+            ...(file !== undefined ? { file } : {}),
+            ...(configExtra !== undefined ? { config: configExtra } : {}),
+          },
+        }
+      : {}),
   };
 }
+
+const isTaskStatus = (value: unknown): value is TaskStatus =>
+  (TASK_STATUSES as readonly unknown[]).includes(value);
 
 /** Reads `<taskDir>/task.json`. */
 export async function readTaskState(taskDir: string): Promise<TaskState> {

@@ -115,6 +115,16 @@ function fail(message: string): never {
   throw new InvalidTaskConfigError(message);
 }
 
+/** Whether `name` is a volume name the submit accepts (it becomes a mount point's name). */
+export function isValidVolumeName(name: string): boolean {
+  return VOLUME_NAME_PATTERN.test(name);
+}
+
+/** Whether `id` is a task id the submit accepts (it then works as a label, URL segment and file field). */
+export function isValidTaskId(id: string): boolean {
+  return ID_PATTERN.test(id);
+}
+
 function absolutePath(value: string, field: string): string {
   if (value === "" || CONTROL.test(value) || value.length > 4096)
     fail(`invalid ${field}: ${JSON.stringify(value)}`);
@@ -173,7 +183,7 @@ export function parseTaskConfig(body: unknown): { config: TaskConfig; auth: Regi
   if (id === "") fail("empty id");
   if (name === "") fail("empty name");
   if (image === "") fail("empty image_name");
-  if (!ID_PATTERN.test(id)) fail("invalid id: use letters, digits, '_', '.', ':' or '-' (at most 128)");
+  if (!isValidTaskId(id)) fail("invalid id: use letters, digits, '_', '.', ':' or '-' (at most 128)");
   if (!NAME_PATTERN.test(name)) fail("invalid name: use letters, digits, '_', '.' or '-' (at most 101)");
   try {
     parseImageReference(image);

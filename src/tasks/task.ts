@@ -37,7 +37,11 @@ export interface Task {
   readonly startInFlight: boolean;
   /** When the task was submitted (epoch ms); absent for a task restored from its container alone. */
   readonly createdAt?: number;
-  /** When it became `running` (epoch ms); absent until then, or when unknown. */
+  /**
+   * When its container started (epoch ms): the engine's StartedAt when an inspect tells it, else
+   * when the start call returned; absent until `running`, or when unknown. `TaskStore` keeps the
+   * three times in order, createdAt ≤ startedAt ≤ finishedAt (`task-times.ts`).
+   */
   readonly startedAt?: number;
   /** When it became `terminated` (epoch ms): the container's own finish time when it exited. */
   readonly finishedAt?: number;
@@ -58,6 +62,18 @@ export interface Task {
   readonly degraded?: boolean;
   /** Restored from a state file written before the host's last reboot. */
   readonly acrossReboot?: boolean;
+  /**
+   * What its task.json held that this version does not know (a newer release's fields), kept
+   * so that every rewrite writes them back unchanged: `file` at the top level, `config` in the
+   * config object.
+   */
+  readonly unknownFields?: UnknownStateFields;
+}
+
+/** The fields of a stored task state that this version does not know (see `Task.unknownFields`). */
+export interface UnknownStateFields {
+  readonly file?: Readonly<Record<string, unknown>>;
+  readonly config?: Readonly<Record<string, unknown>>;
 }
 
 /** A mutable draft handed to `TaskStore.modify`. */
