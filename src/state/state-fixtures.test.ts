@@ -1,0 +1,53 @@
+import { readdirSync, readFileSync } from "node:fs";
+import { join, resolve } from "node:path";
+import { describe, expect, it } from "vitest";
+import { decodeTaskState } from "./task-state-file.js";
+
+/*
+ * The task.json of every release, as that release wrote it and as that release read it back
+ * (test/fixtures/state/<version>/, written by scripts/state-fixtures.ts running the release's own
+ * code). Today's decoder must read each to the same task: a release reads everything the ones
+ * before it wrote. A release that changes the format adds its fixtures; older ones stay.
+ */
+const ROOT = resolve(import.meta.dirname, "../../test/fixtures/state");
+const releases = readdirSync(ROOT).filter((name) => /^\d+\.\d+\.\d+$/.test(name));
+const fixtures = releases.flatMap((version) =>
+  readdirSync(join(ROOT, version))
+    .filter((name) => name.endsWith(".task.json"))
+    .map((name) => ({ version, name: name.replace(/\.task\.json$/, ""), dir: join(ROOT, version) })),
+);
+
+describe("task.json written by every release", () => {
+  it("has fixtures of at least the first release, in every status", () => {
+    expect(releases).toContain("1.0.0");
+    const statuses = new Set(
+      fixtures.map(
+        (f) =>
+          (JSON.parse(readFileSync(join(f.dir, `${f.name}.task.json`), "utf8")) as { status: string }).status,
+      ),
+    );
+    expect([...statuses].sort()).toEqual([
+      "creating",
+      "pending",
+      "preparing",
+      "pulling",
+      "running",
+      "terminated",
+    ]);
+  });
+
+  it.each(fixtures)("$version/$name reads to the task that release read", ({ dir, name }) => {
+    const text = readFileSync(join(dir, `${name}.task.json`), "utf8");
+    const expected = JSON.parse(readFileSync(join(dir, `${name}.decoded.json`), "utf8")) as Record<
+      string,
+      unknown
+    >;
+    const decoded = decodeTaskState(text);
+    expect(decoded).toEqual(expected);
+    // Every field of the file is either understood or kept to be written back.
+    const raw = JSON.parse(text) as Record<string, unknown>;
+    for (const key of Object.keys(raw)) {
+      expect(key in decoded || Object.hasOwn(decoded.unknown_fields?.file ?? {}, key), key).toBe(true);
+    }
+  });
+});
