@@ -63,6 +63,15 @@ export interface ContainerDetails {
   };
 }
 
+/**
+ * An inspect's `StartedAt` or `FinishedAt` as epoch ms; undefined when it tells no time: not a
+ * date, or Docker's zero time (year 1) of a container that never started or finished.
+ */
+export function engineTime(value: string | undefined): number | undefined {
+  const ms = Date.parse(value ?? "");
+  return ms > 0 ? ms : undefined;
+}
+
 /** Registry credentials for a pull. */
 export interface PullAuth {
   readonly username: string;

@@ -3,7 +3,7 @@ import { unlink } from "node:fs/promises";
 import { UserKeysReconcileError } from "../host/authorized-keys.js";
 import { join } from "node:path";
 import { buildContainerSpec } from "../docker/container-spec.js";
-import type { ContainerState, PullAuth } from "../docker/docker-client.js";
+import { engineTime, type ContainerState, type PullAuth } from "../docker/docker-client.js";
 import { DockerConflictError } from "../docker/docker-errors.js";
 import {
   formatPullReference,
@@ -523,6 +523,10 @@ export class TaskRunner {
       // Only a container that never ran is started: one that runs or ran already (its start
       // request landed after a restart) is adopted as it is, and the reconciler takes it from there.
       let needsStart = existing === undefined || existing.state === "created";
+      // When the container started: the engine's StartedAt where an inspect tells it (a container
+      // adopted as it is, bridge mode's inspect below), else the time the start call returned.
+      // Never the time `running` is committed: a slow write puts that after an instant exit.
+      let startedAt = needsStart ? undefined : engineTime(existing?.startedAt);
       if (containerId === "") {
         const gpu = task.gpuIds.length > 0 ? gpuContainerConfig(this.ctx.inventory, task.gpuIds) : undefined;
         const spec = buildContainerSpec({
@@ -545,6 +549,7 @@ export class TaskRunner {
             cause instanceof DockerConflictError ? await this.findOwnContainer(task) : undefined;
           containerId = adopted?.id ?? "";
           needsStart = adopted?.state === "created";
+          if (!needsStart) startedAt = engineTime(adopted?.startedAt);
           if (containerId === "") {
             throw new StartStepError(
               "creating_container_error",
@@ -560,7 +565,10 @@ export class TaskRunner {
       // (a create answering 409 adopts it), so a write here would only lengthen the start.
       task = store.modify(id, (d) => (d.containerId = containerId));
       try {
-        if (needsStart) await docker.startContainer(containerId);
+        if (needsStart) {
+          await docker.startContainer(containerId);
+          startedAt = Date.now();
+        }
       } catch (cause) {
         const logs = await docker.containerLogTail(containerId, LAST_LOG_LINES).catch(() => []);
         throw new StartStepError(
@@ -572,13 +580,16 @@ export class TaskRunner {
       await failpoint("after-start-before-persist");
       let ports: NonNullable<Task["ports"]> = [];
       if (task.config.network_mode === "bridge") {
-        ports = (await docker.inspectContainer(containerId).catch(() => undefined))?.ports ?? [];
+        const details = await docker.inspectContainer(containerId).catch(() => undefined);
+        ports = details?.ports ?? [];
+        startedAt = engineTime(details?.startedAt) ?? startedAt;
       }
       // Visible once durable: a kill right after a read said `running` must not bring the task
       // back as `creating`, whose resumed start would re-create a container removed meanwhile.
       await this.commitVisibleWhenDurable(id, (d) => {
         d.ports = ports;
         d.startInFlight = false;
+        if (startedAt !== undefined) d.startedAt = startedAt;
         d.status = "running";
       });
       this.ctx.observer?.taskStarted();
@@ -587,7 +598,9 @@ export class TaskRunner {
   }
 
   /** A container of this task that already exists (by name, with our task label). */
-  private async findOwnContainer(task: Task): Promise<{ id: string; state: ContainerState } | undefined> {
+  private async findOwnContainer(
+    task: Task,
+  ): Promise<{ id: string; state: ContainerState; startedAt: string } | undefined> {
     const candidate = await this.ctx.docker.inspectContainer(task.containerId ?? task.containerName);
     if (!candidate) return undefined;
     if (candidate.taskId !== task.id) {
@@ -603,7 +616,7 @@ export class TaskRunner {
         `createContainer error: a container named ${task.containerName} exists and belongs to another taskshim home`,
       );
     }
-    return { id: candidate.id, state: candidate.state };
+    return { id: candidate.id, state: candidate.state, startedAt: candidate.startedAt };
   }
 
   /**

@@ -1,5 +1,6 @@
 import type { Task, TaskDraft } from "./task.js";
 import { TaskLock, type Unlock } from "./task-lock.js";
+import { orderedTimes } from "./task-times.js";
 import { isTransitionAllowed, TransitionNotAllowedError } from "./task-status.js";
 
 /** The task id is not in the store. */
@@ -55,10 +56,13 @@ export class TaskStore {
     return this.changes;
   }
 
-  /** Adds a new task; throws `TaskExistsError` if the id is taken. */
+  /**
+   * Adds a new task, its times in order (`orderedTimes`: a restore's come from task.json and the
+   * container); throws `TaskExistsError` if the id is taken.
+   */
   add(task: Task): Task {
     if (this.tasks.has(task.id)) throw new TaskExistsError(task.id);
-    const frozen = Object.freeze({ ...task });
+    const frozen = Object.freeze(orderedTimes({ ...task }));
     this.tasks.set(task.id, frozen);
     this.changes++;
     this.notify({ kind: "added", task: frozen });
@@ -90,7 +94,8 @@ export class TaskStore {
   /**
    * Applies `fn` to a copy and stores it. The transition is checked only if the status
    * changes; once a terminated task has a reason, later reasons and messages are ignored
-   * (the server terminates every task, even finished ones, and the first reason is the truth).
+   * (the server terminates every task, even finished ones, and the first reason is the truth);
+   * the times are put in order (`orderedTimes`), whoever set them.
    * `fn` must be synchronous and fast: no I/O.
    */
   modify(id: string, fn: (draft: TaskDraft) => void): Task {
@@ -114,7 +119,9 @@ export class TaskStore {
     if (draft.status !== current.status && !isTransitionAllowed(current.status, draft.status)) {
       throw new TransitionNotAllowedError(current.status, draft.status);
     }
-    // The times of a status change are stamped here, once, whoever made the change.
+    // The times of a status change are stamped here, once, unless the change brings its own (the
+    // container's start or finish), and every task stored is in time order: this is the one
+    // place every change goes through (`modify`, and `preview` for a change written first).
     if (draft.status !== current.status) {
       if (draft.status === "running") draft.startedAt ??= Date.now();
       if (draft.status === "terminated") draft.finishedAt ??= Date.now();
@@ -123,7 +130,7 @@ export class TaskStore {
       draft.terminationReason = current.terminationReason;
       draft.terminationMessage = current.terminationMessage;
     }
-    return Object.freeze(draft);
+    return Object.freeze(orderedTimes(draft));
   }
 
   /** Removes a task and its lock. */

@@ -52,7 +52,8 @@ export interface FakeContainer {
 type Behaviour =
   | { readonly kind: "throw"; readonly error: Error; readonly afterEffect: boolean }
   | { readonly kind: "hang" }
-  | { readonly kind: "hook"; readonly fn: () => void | Promise<void> };
+  | { readonly kind: "hook"; readonly fn: () => void | Promise<void> }
+  | { readonly kind: "after"; readonly fn: () => void | Promise<void> };
 
 /** Produces the NDJSON stream of one pull. */
 export type PullScript = (reference: string, auth: PullAuth | undefined, signal: AbortSignal) => Readable;
@@ -99,6 +100,14 @@ export class FakeDockerClient implements DockerClient {
   /** Runs `fn` at the start of the next call of `method`, then performs the call. */
   onNext(method: DockerMethod, fn: () => void | Promise<void>): this {
     return this.script(method, { kind: "hook", fn });
+  }
+
+  /**
+   * Runs `fn` right after the next call of `method` has done its work, before it answers (a
+   * workload that exits the moment its start returns: `afterNext("startContainer", …)`).
+   */
+  afterNext(method: DockerMethod, fn: () => void | Promise<void>): this {
+    return this.script(method, { kind: "after", fn });
   }
 
   private script(method: DockerMethod, behaviour: Behaviour): this {
@@ -263,6 +272,7 @@ export class FakeDockerClient implements DockerClient {
     if (signal?.aborted) throw abortError(signal);
     if (this.down) throw this.down;
     const result = await op();
+    if (behaviour?.kind === "after") await behaviour.fn();
     if (behaviour?.kind === "throw" && behaviour.afterEffect) throw behaviour.error;
     return result;
   }
