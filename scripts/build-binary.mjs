@@ -33,7 +33,10 @@ await mkdir(dirname(target), { recursive: true });
 try {
   const bundle = join(work, "taskshim.cjs");
   const config = join(work, "sea-config.json");
-  const passOn = [];
+  // The executable is a copy of this node (below): its version, platform and arch are part of
+  // what runs, so they go into the build id (scripts/build.mjs) beside the bundle.
+  const runtime = `node ${process.versions.node} ${process.platform}-${process.arch}`;
+  const passOn = ["--runtime", runtime];
   if (values.version) passOn.push("--version", values.version);
   if (values["state-version"]) passOn.push("--state-version", values["state-version"]);
   execFileSync(process.execPath, [join(root, "scripts/build.mjs"), "--outfile", bundle, ...passOn], {

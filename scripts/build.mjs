@@ -1,8 +1,25 @@
 // Bundles the shim into one CommonJS file (the single binary's main script, scripts/build-binary.mjs).
 // Test builds may override the version and the state-file format:
-//   node scripts/build.mjs [--outfile F] [--version X.Y.Z] [--state-version N]
+//   node scripts/build.mjs [--outfile F] [--version X.Y.Z] [--state-version N] [--runtime R]
+//
+// Every bundle carries its build identity (src/version.ts, BUILD):
+// - commit: `git rev-parse HEAD` of this checkout, "unknown" outside one (or without git);
+// - dirty: whether `git status --porcelain --untracked-files=no` lists anything, i.e. whether a
+//   tracked file differs from that commit. Untracked files are not counted, as with
+//   `git describe --dirty`: a scratch file would otherwise mark every build of a shared tree, and
+//   the build id below already tells apart builds whose bundled code differs;
+// - build_id: the first 20 hex digits of the sha256 of the bundle itself. The bundle is made with
+//   a placeholder of the same length where the id goes, hashed, and the placeholder replaced by
+//   the hash. So two builds of different code (another version, state format, dependency, commit
+//   or dirty flag: all of them are in the bundle) never share an id, and two identical builds do.
+//   --runtime names what will run the bundle when that is fixed at build time (the single
+//   binary's embedded Node.js, scripts/build-binary.mjs): it is hashed too, so that a binary
+//   rebuilt on another Node.js gets another id although its bundle is the same.
+import { createHash } from "node:crypto";
+import { execFileSync } from "node:child_process";
 import { build } from "esbuild";
-import { chmod, readFile } from "node:fs/promises";
+import { chmod, mkdir, writeFile } from "node:fs/promises";
+import { dirname, resolve } from "node:path";
 import { parseArgs } from "node:util";
 import { NODE_FLAGS } from "./node-flags.mjs";
 
@@ -11,10 +28,37 @@ const { values } = parseArgs({
     outfile: { type: "string", default: "dist/taskshim.cjs" },
     version: { type: "string" },
     "state-version": { type: "string" },
+    runtime: { type: "string" },
   },
 });
 
-const define = {};
+const root = resolve(import.meta.dirname, "..");
+
+/** git's answer, or undefined outside a checkout or without git (its complaint is not shown). */
+function git(...args) {
+  try {
+    return execFileSync("git", args, { cwd: root, encoding: "utf8", stdio: ["ignore", "pipe", "ignore"] });
+  } catch {
+    return undefined;
+  }
+}
+
+const head = git("rev-parse", "HEAD")?.trim();
+const commit = head !== undefined && /^[0-9a-f]{40,64}$/.test(head) ? head : "unknown";
+const dirty =
+  commit !== "unknown" && (git("status", "--porcelain", "--untracked-files=no") ?? "").trim() !== "";
+
+const BUILD_ID_LENGTH = 20;
+// Not hex, so it cannot be mistaken for an id; exactly as long as one, so replacing it moves
+// nothing in the bundle.
+const BUILD_ID_PLACEHOLDER = "@@TASKSHIM_BUILD_ID@";
+if (BUILD_ID_PLACEHOLDER.length !== BUILD_ID_LENGTH) throw new Error("build id placeholder: wrong length");
+
+const define = {
+  __TASKSHIM_COMMIT__: JSON.stringify(commit),
+  __TASKSHIM_DIRTY__: JSON.stringify(dirty),
+  __TASKSHIM_BUILD_ID__: JSON.stringify(BUILD_ID_PLACEHOLDER),
+};
 if (values.version) define.__TASKSHIM_VERSION__ = JSON.stringify(values.version);
 if (values["state-version"]) define.__TASKSHIM_STATE_VERSION__ = String(Number(values["state-version"]));
 
@@ -74,9 +118,11 @@ module.exports = new Proxy({}, {
   },
 };
 
-await build({
+const built = await build({
   entryPoints: ["src/main.ts"],
   outfile: values.outfile,
+  // Kept in memory: the build id is written in before the file is.
+  write: false,
   bundle: true,
   platform: "node",
   target: "node26",
@@ -96,13 +142,27 @@ await build({
   minifyWhitespace: true,
   logLevel: "warning",
 });
-await chmod(values.outfile, 0o755);
+const [output] = built.outputFiles;
+if (built.outputFiles.length !== 1 || output === undefined) {
+  throw new Error(`esbuild wrote ${built.outputFiles.length} files, expected the one bundle`);
+}
+const withPlaceholder = output.text;
+// Every place esbuild put the define (the `typeof` test and the value may both hold it).
+const places = withPlaceholder.split(BUILD_ID_PLACEHOLDER).length - 1;
+if (places === 0) throw new Error("the build id placeholder is not in the bundle (src/version.ts changed?)");
+const hash = createHash("sha256").update(withPlaceholder);
+if (values.runtime) hash.update(`\0runtime ${values.runtime}`);
+const buildId = hash.digest("hex").slice(0, BUILD_ID_LENGTH);
+const source = withPlaceholder.replaceAll(BUILD_ID_PLACEHOLDER, buildId);
 
 // esbuild escapes every non-ASCII character of strings, regexps and identifiers (its default
 // charset), and the comments are gone; one non-ASCII byte left anywhere would make Node decode
 // the whole source as a two-byte string: twice the memory (a → in a comment once cost 3 MB).
-const bytes = await readFile(values.outfile);
+const bytes = Buffer.from(source, "utf8");
 const offset = bytes.findIndex((byte) => byte > 0x7f);
 if (offset >= 0) {
   throw new Error(`${values.outfile}: non-ASCII byte at offset ${offset}; the bundle must be ASCII`);
 }
+await mkdir(dirname(values.outfile), { recursive: true });
+await writeFile(values.outfile, bytes);
+await chmod(values.outfile, 0o755);

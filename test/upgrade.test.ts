@@ -182,15 +182,25 @@ beforeAll(async () => {
   expect(stderr).toBe("");
   const runtime = JSON.parse((await exec(binaries.B.path, ["version", "--json"])).stdout) as Record<
     string,
-    string
+    unknown
   >;
   expect(runtime).toEqual({
     version: "1.1.0",
+    commit: expect.any(String) as unknown,
+    dirty: expect.any(Boolean) as unknown,
+    build_id: expect.stringMatching(/^[0-9a-f]{20}$/) as unknown,
     node: process.versions.node,
     v8: process.versions.v8,
     platform: process.platform,
     arch: process.arch,
   });
+  // Another version, so another bundle: another build id, without being told (scripts/build.mjs).
+  const runtimeA = JSON.parse((await exec(binaries.A.path, ["version", "--json"])).stdout) as Record<
+    string,
+    unknown
+  >;
+  expect(runtimeA.build_id).toMatch(/^[0-9a-f]{20}$/);
+  expect(runtimeA.build_id).not.toBe(runtime.build_id);
   registry = await startRegistry({ username: "upgrader", password: "pw-upgrade" });
   proxy = await startSlowProxy(registry.host, 256 * 1024);
 

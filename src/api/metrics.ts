@@ -2,6 +2,7 @@ import { collectDefaultMetrics, Counter, Gauge, Histogram, Registry } from "prom
 import type { RunnerObserver } from "../runner/runner-context.js";
 import type { TaskStore } from "../tasks/task-store.js";
 import { TASK_STATUSES } from "../tasks/task-status.js";
+import { BUILD, type BuildIdentity } from "../version.js";
 
 /**
  * The shim's Prometheus metrics. Labels stay bounded — status, reason, operation, result —
@@ -51,8 +52,8 @@ export class ShimMetrics {
   });
   readonly buildInfo = new Gauge({
     name: "taskshim_build_info",
-    help: "Always 1; the labels say which build runs on which Node.js",
-    labelNames: ["version", "node"] as const,
+    help: "Always 1; the labels say which build (version, commit, dirty tree, build id) runs on which Node.js",
+    labelNames: ["version", "node", "commit", "dirty", "build_id"] as const,
     registers: [this.registry],
   });
   /**
@@ -97,8 +98,21 @@ export class ShimMetrics {
     registers: [this.registry],
   });
 
-  constructor(store?: TaskStore, version = "unknown") {
-    this.buildInfo.set({ version, node: process.version }, 1);
+  /**
+   * @param version the semver of `taskshim_build_info`.
+   * @param build the rest of its build identity (this process's by default).
+   */
+  constructor(store?: TaskStore, version = "unknown", build: Omit<BuildIdentity, "version"> = BUILD) {
+    this.buildInfo.set(
+      {
+        version,
+        node: process.version,
+        commit: build.commit,
+        dirty: String(build.dirty),
+        build_id: build.buildId,
+      },
+      1,
+    );
     this.startTime.set(Math.round((Date.now() - process.uptime() * 1000) / 1000));
     // The event-loop lag histogram samples every 10 ms by default: 1-1.5 % of a core on its own,
     // most of the shim's idle cost. A 1 s resolution still shows a stalled loop.

@@ -43,6 +43,14 @@ export const Healthcheck = Type.Object({
     since: Type.String(),
     error: Type.Optional(Type.String()),
   }),
+  /** Which build answers: `version` alone cannot tell two builds of one release apart. */
+  build: Type.Object({
+    commit: Type.String({ description: "the git commit it was built from, or unknown" }),
+    dirty: Type.Boolean({ description: "whether tracked files differed from commit at build time" }),
+    build_id: Type.String({
+      description: "content hash of the build (dev when run unbundled); equal ids, same code",
+    }),
+  }),
 });
 export const PullProgress = Type.Object({
   downloaded_bytes: Type.Integer(),

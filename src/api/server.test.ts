@@ -95,6 +95,8 @@ describe("GET endpoints", () => {
       implementation: "taskshim",
       engine: { status: "unknown" },
       storage: { status: "ok", since: expect.stringMatching(/^\d{4}-\d\d-\d\dT/) as unknown },
+      // Unbundled (vitest): src/version.ts's defaults.
+      build: { commit: "unknown", dirty: false, build_id: "dev" },
     });
   });
 
@@ -110,12 +112,25 @@ describe("GET endpoints", () => {
 
   it("serves build info, the process start time as the restart signal, and no blank line", async () => {
     const res = await app.inject({ method: "GET", url: "/metrics" });
-    expect(res.body).toContain(`taskshim_build_info{version="${VERSION}",node="${process.version}"} 1`);
+    expect(res.body).toContain(
+      `taskshim_build_info{version="${VERSION}",node="${process.version}",commit="unknown",dirty="false",build_id="dev"} 1`,
+    );
     const start = Number(/^process_start_time_seconds (\d+)$/m.exec(res.body)?.[1]);
     expect(Math.abs(start - (Date.now() / 1000 - process.uptime()))).toBeLessThan(2);
     expect(res.body).not.toContain("taskshim_process_starts_total");
     expect(res.body).not.toMatch(/\n\n/);
     expect(res.body).toContain("# TYPE taskshim_engine_call_duration_seconds histogram");
+  });
+
+  it("labels build info with the build identity it is given", async () => {
+    const metrics = new ShimMetrics(undefined, "1.2.3", {
+      commit: "0123456789abcdef0123456789abcdef01234567",
+      dirty: true,
+      buildId: "9f86d081884c7d659a2f",
+    });
+    expect(await metrics.exposition()).toContain(
+      `taskshim_build_info{version="1.2.3",node="${process.version}",commit="0123456789abcdef0123456789abcdef01234567",dirty="true",build_id="9f86d081884c7d659a2f"} 1`,
+    );
   });
 
   it("observes Engine API call latency by operation", () => {

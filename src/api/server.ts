@@ -40,6 +40,7 @@ import {
 } from "./schemas.js";
 import { taskEvent, taskInfo, taskInfoJson } from "./wire.js";
 import { errorMessage } from "../errors/error-message.js";
+import { BUILD, type BuildIdentity } from "../version.js";
 
 /** What the HTTP edge needs from the rest of the shim. */
 export interface ApiDeps {
@@ -53,6 +54,8 @@ export interface ApiDeps {
   readonly components: ComponentService;
   readonly log: Logger;
   readonly metrics: ShimMetrics;
+  /** The healthcheck's `build` (commit, dirty, build id); absent: this process's, `BUILD`. */
+  readonly build?: BuildIdentity;
   /** The home's storage health (the healthcheck's `storage`); absent: reported ok. */
   readonly storage?: StorageHealth;
   /** When set, every route but the healthcheck needs `Authorization: Bearer <token>`. */
@@ -211,6 +214,8 @@ export function buildApi(deps: ApiDeps) {
 
   const id = (request: FastifyRequest): string => (request.params as { id: string }).id;
   const startedAt = Date.now();
+  const build = deps.build ?? BUILD;
+  const buildView = { commit: build.commit, dirty: build.dirty, build_id: build.buildId };
   let taskList = { generation: -1, json: "" };
   const routes: ApiRoute[] = [
     {
@@ -219,13 +224,15 @@ export function buildApi(deps: ApiDeps) {
       summary: "Service name and version (drives dstack's feature gates); never needs a token",
       public: true,
       response: Healthcheck,
-      // `implementation`, `engine` and `storage` are taskshim extensions; dstack's client ignores them.
+      // `implementation`, `engine`, `storage` and `build` are taskshim extensions; dstack's client
+      // ignores them. `version` stays a plain semver: dstack parses it into a tuple.
       handler: () => ({
         service: "dstack-shim",
         version: deps.version,
         implementation: "taskshim",
         engine: engineView(deps.reconciler),
         storage: storageView(deps.storage, startedAt, deps.homeHealth?.()),
+        build: buildView,
       }),
     },
     {

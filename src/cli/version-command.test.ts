@@ -26,22 +26,38 @@ async function run(...args: string[]): Promise<string> {
 describe("taskshim version", () => {
   afterEach(() => vi.restoreAllMocks());
 
-  it("--json prints exactly {version, node, v8, platform, arch} of this process", async () => {
-    const printed = JSON.parse(await run("version", "--json")) as Record<string, string>;
+  it("--json prints exactly {version, commit, dirty, build_id, node, v8, platform, arch} of this process", async () => {
+    const printed = JSON.parse(await run("version", "--json")) as Record<string, unknown>;
+    // Unbundled (vitest): no build identity was embedded, so the defaults of src/version.ts.
     expect(printed).toEqual({
       version: pkg.version,
+      commit: "unknown",
+      dirty: false,
+      build_id: "dev",
       node: process.versions.node,
       v8: process.versions.v8,
       platform: process.platform,
       arch: process.arch,
     });
-    expect(Object.keys(printed)).toEqual(["version", "node", "v8", "platform", "arch"]);
+    expect(Object.keys(printed)).toEqual([
+      "version",
+      "commit",
+      "dirty",
+      "build_id",
+      "node",
+      "v8",
+      "platform",
+      "arch",
+    ]);
   });
 
-  it("prints the one-line version first, then node, v8, platform and arch", async () => {
+  it("prints the one-line version first, then commit, dirty, build id, node, v8, platform and arch", async () => {
     const lines = (await run("version")).trimEnd().split("\n");
     expect(lines[0]).toBe(`taskshim version ${pkg.version}`);
     expect(lines.slice(1)).toEqual([
+      "commit:   unknown",
+      "dirty:    false",
+      "build id: dev",
       `node:     ${process.versions.node}`,
       `v8:       ${process.versions.v8}`,
       `platform: ${process.platform}`,

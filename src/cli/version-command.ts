@@ -1,10 +1,19 @@
 import type { Command } from "@commander-js/extra-typings";
-import { VERSION } from "../version.js";
+import { BUILD } from "../version.js";
 
 /** What `taskshim version --json` prints: this build and the runtime it carries. */
 export interface VersionInfo {
   /** taskshim's own version (package.json at build time). */
   readonly version: string;
+  /** The git commit it was built from ("unknown" outside a checkout or unbundled). */
+  readonly commit: string;
+  /** Whether tracked files differed from `commit` at build time. */
+  readonly dirty: boolean;
+  /**
+   * The content hash of the bundle (scripts/build.mjs), "dev" unbundled: what tells two builds of
+   * one version apart. A component check reads it from the installed binary.
+   */
+  readonly build_id: string;
   /** The Node.js version running it, without the leading `v` (the one embedded in the binary). */
   readonly node: string;
   readonly v8: string;
@@ -15,7 +24,10 @@ export interface VersionInfo {
 /** The versions of this process. */
 export function versionInfo(): VersionInfo {
   return {
-    version: VERSION,
+    version: BUILD.version,
+    commit: BUILD.commit,
+    dirty: BUILD.dirty,
+    build_id: BUILD.buildId,
     node: process.versions.node,
     v8: process.versions.v8,
     platform: process.platform,
@@ -25,11 +37,14 @@ export function versionInfo(): VersionInfo {
 
 /**
  * The human form: the first line is exactly `taskshim --version`'s (`taskshim version X.Y.Z`,
- * which dstack's component check parses), then one line per runtime fact.
+ * which dstack's component check parses), then one line per build and runtime fact.
  */
 export function formatVersion(info: VersionInfo): string {
   return [
     `taskshim version ${info.version}`,
+    `commit:   ${info.commit}`,
+    `dirty:    ${String(info.dirty)}`,
+    `build id: ${info.build_id}`,
     `node:     ${info.node}`,
     `v8:       ${info.v8}`,
     `platform: ${info.platform}`,
@@ -41,7 +56,9 @@ export function formatVersion(info: VersionInfo): string {
 export function addVersionCommand(program: Command): void {
   program
     .command("version")
-    .description("print the taskshim, Node.js and V8 versions, platform and arch")
+    .description(
+      "print the taskshim version and build (commit, dirty, build id), Node.js and V8 versions, platform and arch",
+    )
     .option("--json", "print one JSON object")
     .action((options) => {
       const info = versionInfo();

@@ -83,13 +83,16 @@ describe("negotiateFeatures", () => {
 });
 
 describe("formatUpgradeTable", () => {
-  it("prints one aligned row per shim", () => {
+  it("prints one aligned row per shim, with what was compared and each build id it knows", () => {
     const table = formatUpgradeTable([
       {
         shim: "http://a",
         outcome: "upgraded",
+        compared: "build_id",
         from: "1.0.0",
-        to: "1.1.0",
+        fromBuildId: null,
+        to: "1.0.0",
+        toBuildId: "9f86d081884c7d659a2f",
         windowMs: 812,
         tasksBefore: 3,
         tasksKept: 3,
@@ -97,8 +100,11 @@ describe("formatUpgradeTable", () => {
       {
         shim: "http://bb",
         outcome: "failed",
+        compared: null,
         from: "1.0.0",
+        fromBuildId: "0123456789abcdef0123",
         to: "",
+        toBuildId: null,
         windowMs: null,
         tasksBefore: 1,
         tasksKept: 0,
@@ -106,9 +112,11 @@ describe("formatUpgradeTable", () => {
       },
     ]);
     const lines = table.split("\n");
-    expect(lines[0]).toMatch(/^shim\s+outcome\s+from\s+to\s+window ms\s+tasks kept\s+error$/);
-    expect(lines[1]).toMatch(/^http:\/\/a\s+upgraded\s+1\.0\.0\s+1\.1\.0\s+812\s+3\/3$/);
-    expect(lines[2]).toMatch(/failed .* - +0\/1 +x$/);
+    expect(lines[0]).toMatch(/^shim\s+outcome\s+compared\s+from\s+to\s+window ms\s+tasks kept\s+error$/);
+    expect(lines[1]).toMatch(
+      /^http:\/\/a\s+upgraded\s+build_id\s+1\.0\.0\s+1\.0\.0\+9f86d081884c7d659a2f\s+812\s+3\/3$/,
+    );
+    expect(lines[2]).toMatch(/failed +- +1\.0\.0\+0123456789abcdef0123 +- +- +0\/1 +x$/);
   });
 });
 
@@ -124,6 +132,19 @@ describe("ShimClient over HTTP", () => {
         response.writeHead(status, { "content-type": type }).end(body);
       };
       switch (request.url) {
+        case "/api/healthcheck":
+          return send(
+            200,
+            "application/json",
+            '{"service":"dstack-shim","version":"1.0.0","implementation":"taskshim","build":{"commit":"abc","dirty":false,"build_id":"9f86d081884c7d659a2f"}}',
+          );
+        case "/api/components":
+          return send(
+            200,
+            "application/json",
+            '{"components":[{"name":"dstack-runner","version":"0.19.26","status":"installed"},' +
+              '{"name":"dstack-shim","version":"1.0.0","status":"installed","build_id":"0123456789abcdef0123"}]}',
+          );
         case "/api/tasks/t%2F1/logs?tail=2":
           return send(200, "text/plain; charset=utf-8", "line 1\nline 2\n");
         case "/api/instance/info":
@@ -161,6 +182,18 @@ describe("ShimClient over HTTP", () => {
     url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
   });
   afterAll(() => new Promise<void>((resolve) => server.close(() => resolve())));
+
+  it("reads the healthcheck's build and a component's build_id, both taskshim extensions", async () => {
+    const client = new ShimClient(url);
+    expect((await client.healthcheck()).build).toEqual({
+      commit: "abc",
+      dirty: false,
+      build_id: "9f86d081884c7d659a2f",
+    });
+    const [runner, shim] = await client.getComponents();
+    expect(runner?.build_id).toBeUndefined();
+    expect(shim?.build_id).toBe("0123456789abcdef0123");
+  });
 
   it("reads the logs extension as text, with the id encoded", async () => {
     expect(await new ShimClient(url).logs("t/1", 2)).toBe("line 1\nline 2\n");

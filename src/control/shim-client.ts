@@ -48,6 +48,17 @@ const HealthcheckSchema = Type.Object({
       error: Type.Optional(Type.String()),
     }),
   ),
+  /**
+   * taskshim extension: which build answers (absent before build ids, e.g. 1.0.0). `build_id`
+   * is what tells two builds of one version apart; the rest is informative, so not required.
+   */
+  build: Type.Optional(
+    Type.Object({
+      build_id: Type.String(),
+      commit: Type.Optional(Type.String()),
+      dirty: Type.Optional(Type.Boolean()),
+    }),
+  ),
 });
 const TaskListSchema = Type.Object({ tasks: Type.Array(Type.Object({ id: Type.String(), status: Status })) });
 const TaskInfoSchema = Type.Object({
@@ -104,6 +115,8 @@ const ComponentsSchema = Type.Object({
     Type.Object({
       name: Type.String(),
       version: Type.String(),
+      /** taskshim extension: the installed binary's build id (its `version --json`), if it has one. */
+      build_id: Type.Optional(Type.String()),
       status: Type.Union([
         Type.Literal("not-installed"),
         Type.Literal("installed"),

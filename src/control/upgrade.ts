@@ -1,14 +1,34 @@
 import { setTimeout as sleep } from "node:timers/promises";
 import pLimit from "p-limit";
-import { ShimClient, ShimHttpError } from "./shim-client.js";
+import { ShimClient, ShimHttpError, type Healthcheck } from "./shim-client.js";
 import { errorMessage } from "../errors/error-message.js";
+
+/**
+ * What identified the installed binary, against the running shim before the restart and the
+ * restarted one after it:
+ * - `build_id`: the installed binary reports a build id. The shim is already current iff the
+ *   running shim reports the same one; otherwise the restart is done once the healthcheck
+ *   reports it.
+ * - `version`: it reports none (a release before build ids, e.g. a rollback to 1.0.0). The shim
+ *   is never already current (two builds of one version cannot be told apart); the restart is
+ *   done once the healthcheck reports that version and no build id.
+ */
+export type UpgradeComparison = "build_id" | "version";
 
 /** How one shim's upgrade went. */
 export interface UpgradeResult {
   readonly shim: string;
   readonly outcome: "upgraded" | "already-current" | "failed";
+  /** What the decision and the wait compared; null when it failed before the install ended. */
+  readonly compared: UpgradeComparison | null;
+  /** The running shim's version before the upgrade. */
   readonly from: string;
+  /** Its build id (healthcheck `build.build_id`); null when it reports none. */
+  readonly fromBuildId: string | null;
+  /** The installed binary's version. */
   readonly to: string;
+  /** Its build id (the component's `build_id`); null when it reports none. */
+  readonly toBuildId: string | null;
   /** Shutdown requested → new version answering, in ms. */
   readonly windowMs: number | null;
   readonly tasksBefore: number;
@@ -49,10 +69,18 @@ async function until<T>(
   }
 }
 
+/** `process_start_time_seconds` of the shim's `/metrics`: which process answers. */
+async function processStart(client: ShimClient): Promise<string> {
+  const found = /^process_start_time_seconds (\S+)$/m.exec(await client.metrics())?.[1];
+  if (found === undefined) throw new UpgradeError("/metrics has no process_start_time_seconds");
+  return found;
+}
+
 /**
- * Upgrades one shim: install the binary (verified by sha256), wait for `installed`, check the
- * restart gate, ask for a graceful shutdown, wait until the new version answers, and verify
- * that the task list kept every task.
+ * Upgrades one shim: install the binary (verified by sha256), wait for `installed`, decide from
+ * the build identities whether it is already current (see {@link UpgradeComparison}), check the
+ * restart gate, ask for a graceful shutdown, wait until the new build answers, and verify that
+ * the task list kept every task.
  */
 export async function upgradeShim(
   shimUrl: string,
@@ -61,11 +89,30 @@ export async function upgradeShim(
   timings: UpgradeTimings = DEFAULT_UPGRADE_TIMINGS,
 ): Promise<UpgradeResult> {
   const client = new ShimClient(shimUrl);
+  let compared: UpgradeComparison | null = null;
   let from = "";
+  let fromBuildId: string | null = null;
   let to = "";
+  let toBuildId: string | null = null;
   let tasksBefore = 0;
+  const result = (
+    outcome: UpgradeResult["outcome"],
+    rest: Pick<UpgradeResult, "windowMs" | "tasksKept" | "error">,
+  ): UpgradeResult => ({
+    shim: shimUrl,
+    outcome,
+    compared,
+    from,
+    fromBuildId,
+    to,
+    toBuildId,
+    tasksBefore,
+    ...rest,
+  });
   try {
-    from = (await client.healthcheck()).version;
+    const health = await client.healthcheck();
+    from = health.version;
+    fromBuildId = health.build?.build_id ?? null;
     const before = await client.listTasks();
     tasksBefore = before.length;
     try {
@@ -85,17 +132,22 @@ export async function upgradeShim(
       throw error instanceof UpgradeError ? error : new UpgradeError(String(error));
     });
     to = installed.version;
-    if (to === from) {
-      return {
-        shim: shimUrl,
-        outcome: "already-current",
-        from,
-        to,
-        windowMs: null,
-        tasksBefore,
-        tasksKept: tasksBefore,
-      };
+    toBuildId = installed.build_id ?? null;
+    compared = toBuildId === null ? "version" : "build_id";
+    // Never from the version alone: every build of a release carries the same one.
+    if (toBuildId !== null && toBuildId === fromBuildId) {
+      return result("already-current", { windowMs: null, tasksKept: tasksBefore });
     }
+    // The old process keeps answering until it has drained. With no build id on either side and
+    // one version, its healthcheck is the new one's: only its start time tells them apart.
+    const lookAlike = toBuildId === null && fromBuildId === null && to === from;
+    const oldStart = lookAlike
+      ? await processStart(client).catch((error: unknown) => {
+          throw new UpgradeError(
+            `cannot tell the restarted shim from this one (same version ${to}, no build id): ${errorMessage(error)}`,
+          );
+        })
+      : undefined;
     const gate = await client.isSafeToRestart();
     if (!gate.safe) {
       const blocking = gate.blocking.map((t) => `${t.id}:${t.status}`).join(", ");
@@ -105,37 +157,30 @@ export async function upgradeShim(
     }
     await client.shutdown(false);
     const requestedAt = performance.now();
-    await until("restart with the new version", timings.restartTimeoutMs, timings.pollMs, async () => {
-      const health = await new ShimClient(shimUrl, 2_000).healthcheck();
-      return health.version === to ? health : undefined;
+    const expected = toBuildId === null ? `version ${to} without a build id` : `build ${toBuildId}`;
+    const isNew = async (answer: Healthcheck, probe: ShimClient): Promise<boolean> => {
+      if (toBuildId !== null) return answer.build?.build_id === toBuildId;
+      if (answer.version !== to || answer.build !== undefined) return false;
+      return oldStart === undefined || (await processStart(probe)) !== oldStart;
+    };
+    await until(`restart as ${expected}`, timings.restartTimeoutMs, timings.pollMs, async () => {
+      const probe = new ShimClient(shimUrl, 2_000);
+      const answer = await probe.healthcheck();
+      return (await isNew(answer, probe)) ? answer : undefined;
     });
     const windowMs = Math.round(performance.now() - requestedAt);
     const after = new Set((await client.listTasks()).map((t) => t.id));
     const missing = before.filter((t) => !after.has(t.id));
     if (missing.length > 0) {
-      return {
-        shim: shimUrl,
-        outcome: "failed",
-        from,
-        to,
+      return result("failed", {
         windowMs,
-        tasksBefore,
         tasksKept: tasksBefore - missing.length,
         error: `tasks lost: ${missing.map((t) => t.id).join(", ")}`,
-      };
+      });
     }
-    return { shim: shimUrl, outcome: "upgraded", from, to, windowMs, tasksBefore, tasksKept: tasksBefore };
+    return result("upgraded", { windowMs, tasksKept: tasksBefore });
   } catch (error) {
-    return {
-      shim: shimUrl,
-      outcome: "failed",
-      from,
-      to,
-      windowMs: null,
-      tasksBefore,
-      tasksKept: 0,
-      error: errorMessage(error),
-    };
+    return result("failed", { windowMs: null, tasksKept: 0, error: errorMessage(error) });
   }
 }
 
@@ -151,14 +196,21 @@ export async function upgradeFleet(
   return Promise.all(shims.map((shim) => limit(() => upgradeShim(shim, binaryUrl, sha256, timings))));
 }
 
+/** A version with its build id as semver build metadata (`1.0.0+9f86d081884c7d659a2f`), or "-". */
+function buildCell(version: string, buildId: string | null): string {
+  if (version === "") return "-";
+  return buildId === null ? version : `${version}+${buildId}`;
+}
+
 /** A plain-text table of results, one row per shim. */
 export function formatUpgradeTable(results: readonly UpgradeResult[]): string {
-  const header = ["shim", "outcome", "from", "to", "window ms", "tasks kept", "error"];
+  const header = ["shim", "outcome", "compared", "from", "to", "window ms", "tasks kept", "error"];
   const rows = results.map((r) => [
     r.shim,
     r.outcome,
-    r.from || "-",
-    r.to || "-",
+    r.compared ?? "-",
+    buildCell(r.from, r.fromBuildId),
+    buildCell(r.to, r.toBuildId),
     r.windowMs === null ? "-" : String(r.windowMs),
     `${r.tasksKept}/${r.tasksBefore}`,
     r.error ?? "",

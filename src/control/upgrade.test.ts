@@ -1,0 +1,247 @@
+import { createServer, type Server } from "node:http";
+import type { AddressInfo } from "node:net";
+import { afterEach, describe, expect, it } from "vitest";
+import { upgradeShim, type UpgradeTimings } from "./upgrade.js";
+
+/** A build as a fake shim reports it; no `buildId`: a release from before build ids (1.0.0). */
+interface FakeBuild {
+  readonly version: string;
+  readonly buildId?: string;
+}
+
+const TIMINGS: UpgradeTimings = { installTimeoutMs: 2_000, restartTimeoutMs: 2_000, pollMs: 5 };
+
+/**
+ * A shim over HTTP, as far as the rollout reads it: the healthcheck of the process that runs, the
+ * component of the binary installed, a task list, `/metrics`' start time, and a shutdown after
+ * which the old process still answers a few healthchecks (it drains) before the installed build
+ * takes over. `log` says in order who answered what, for the tests to check what the rollout
+ * waited for.
+ */
+class FakeShim {
+  readonly log: string[] = [];
+  private running: FakeBuild & { readonly start: number; readonly name: string };
+  private shutdownAt: number | undefined;
+  private server: Server | undefined;
+  url = "";
+
+  constructor(
+    running: FakeBuild,
+    private readonly installed: FakeBuild,
+    /** Healthchecks the old process answers after the shutdown, before the new one runs. */
+    private drainAnswers = 3,
+  ) {
+    this.running = { ...running, start: 1_700_000_000, name: "old" };
+  }
+
+  private health(): object {
+    const { version, buildId } = this.running;
+    return {
+      service: "dstack-shim",
+      version,
+      implementation: "taskshim",
+      ...(buildId === undefined ? {} : { build: { commit: "unknown", dirty: false, build_id: buildId } }),
+    };
+  }
+
+  private component(): object {
+    const { version, buildId } = this.installed;
+    return { name: "dstack-shim", version, status: "installed", ...(buildId ? { build_id: buildId } : {}) };
+  }
+
+  async start(): Promise<void> {
+    this.server = createServer((request, response) => {
+      const json = (body: object): void => {
+        response.writeHead(200, { "content-type": "application/json" }).end(JSON.stringify(body));
+      };
+      const who = this.running.name;
+      switch (`${request.method} ${request.url}`) {
+        case "GET /api/healthcheck":
+          this.log.push(`health:${who}`);
+          json(this.health());
+          if (this.shutdownAt !== undefined && who === "old" && --this.drainAnswers <= 0) {
+            this.running = { ...this.installed, start: this.running.start + 60, name: "new" };
+          }
+          return;
+        case "GET /api/tasks":
+          this.log.push(`tasks:${who}`);
+          return json({ tasks: [{ id: "t1", status: "running" }] });
+        case "GET /api/components":
+          return json({ components: [this.component()] });
+        case "GET /metrics":
+          this.log.push(`metrics:${who}`);
+          response
+            .writeHead(200, { "content-type": "text/plain" })
+            .end(`taskshim_engine_up 1\nprocess_start_time_seconds ${this.running.start}\n`);
+          return;
+        case "POST /api/components/install":
+        case "POST /api/shutdown":
+          if (request.url === "/api/shutdown") {
+            this.log.push("shutdown");
+            this.shutdownAt = this.log.length;
+          }
+          request.resume();
+          request.on("end", () => response.writeHead(200, { "content-type": "text/plain" }).end("\n"));
+          return;
+        default:
+          response.writeHead(404, { "content-type": "text/plain" }).end("404 page not found\n");
+      }
+    });
+    await new Promise<void>((resolve) => this.server?.listen(0, "127.0.0.1", resolve));
+    this.url = `http://127.0.0.1:${(this.server.address() as AddressInfo).port}`;
+  }
+
+  async stop(): Promise<void> {
+    await new Promise<void>((resolve) => (this.server ? this.server.close(() => resolve()) : resolve()));
+  }
+
+  /** What was answered after the shutdown request, in order. */
+  afterShutdown(): string[] {
+    return this.shutdownAt === undefined ? [] : this.log.slice(this.shutdownAt);
+  }
+}
+
+const shims: FakeShim[] = [];
+afterEach(async () => {
+  await Promise.all(shims.splice(0).map((s) => s.stop()));
+});
+
+async function upgrade(running: FakeBuild, installed: FakeBuild, drainAnswers?: number) {
+  const shim = new FakeShim(running, installed, drainAnswers);
+  shims.push(shim);
+  await shim.start();
+  const result = await upgradeShim(shim.url, "file:///tmp/taskshim-new", undefined, TIMINGS);
+  return { result, shim };
+}
+
+describe("upgradeShim decides from the build identity, not the version alone", () => {
+  it("upgrades to another build of the same version, and waits for its build id", async () => {
+    const { result, shim } = await upgrade(
+      { version: "1.0.0", buildId: "aaaaaaaaaaaaaaaaaaaa" },
+      { version: "1.0.0", buildId: "bbbbbbbbbbbbbbbbbbbb" },
+    );
+    expect(result).toMatchObject({
+      outcome: "upgraded",
+      compared: "build_id",
+      from: "1.0.0",
+      fromBuildId: "aaaaaaaaaaaaaaaaaaaa",
+      to: "1.0.0",
+      toBuildId: "bbbbbbbbbbbbbbbbbbbb",
+      tasksBefore: 1,
+      tasksKept: 1,
+    });
+    expect(result.error).toBeUndefined();
+    expect(result.windowMs).not.toBeNull();
+    // The old process's answers after the shutdown were not taken for the new build's.
+    expect(shim.afterShutdown()).toEqual([
+      "health:old",
+      "health:old",
+      "health:old",
+      "health:new",
+      "tasks:new",
+    ]);
+  });
+
+  it("is already current when the installed build id is the running one, and restarts nothing", async () => {
+    const { result, shim } = await upgrade(
+      { version: "1.1.0", buildId: "cccccccccccccccccccc" },
+      { version: "1.1.0", buildId: "cccccccccccccccccccc" },
+    );
+    expect(result).toMatchObject({
+      outcome: "already-current",
+      compared: "build_id",
+      fromBuildId: "cccccccccccccccccccc",
+      toBuildId: "cccccccccccccccccccc",
+      windowMs: null,
+      tasksKept: 1,
+    });
+    expect(shim.log).not.toContain("shutdown");
+  });
+
+  it("rolls back to a release without build ids: restarts, and waits for its build-less healthcheck", async () => {
+    const { result, shim } = await upgrade(
+      { version: "1.1.0", buildId: "dddddddddddddddddddd" },
+      { version: "1.0.0" },
+    );
+    expect(result).toMatchObject({
+      outcome: "upgraded",
+      compared: "version",
+      from: "1.1.0",
+      fromBuildId: "dddddddddddddddddddd",
+      to: "1.0.0",
+      toBuildId: null,
+      tasksKept: 1,
+    });
+    expect(shim.afterShutdown()).toEqual([
+      "health:old",
+      "health:old",
+      "health:old",
+      "health:new",
+      "tasks:new",
+    ]);
+  });
+
+  it("a rollback to the same version without build ids is not taken for the old process", async () => {
+    // The running build has an id and the installed one has none: only the new process answers
+    // without one, although both say 1.0.0.
+    const { result, shim } = await upgrade(
+      { version: "1.0.0", buildId: "eeeeeeeeeeeeeeeeeeee" },
+      { version: "1.0.0" },
+    );
+    expect(result).toMatchObject({ outcome: "upgraded", compared: "version", toBuildId: null });
+    expect(shim.afterShutdown()).toEqual([
+      "health:old",
+      "health:old",
+      "health:old",
+      "health:new",
+      "tasks:new",
+    ]);
+  });
+
+  it("upgrades a shim from before build ids to a build with one, even of the same version", async () => {
+    const { result, shim } = await upgrade(
+      { version: "1.0.0" },
+      { version: "1.0.0", buildId: "ffffffffffffffffffff" },
+    );
+    expect(result).toMatchObject({
+      outcome: "upgraded",
+      compared: "build_id",
+      fromBuildId: null,
+      toBuildId: "ffffffffffffffffffff",
+      tasksKept: 1,
+    });
+    expect(shim.afterShutdown().at(-2)).toBe("health:new");
+  });
+
+  it("with no build id on either side and one version, tells the new process by its start time", async () => {
+    const { result, shim } = await upgrade({ version: "1.0.0" }, { version: "1.0.0" });
+    expect(result).toMatchObject({
+      outcome: "upgraded",
+      compared: "version",
+      fromBuildId: null,
+      toBuildId: null,
+    });
+    // Each look-alike answer is checked against the old process's start time.
+    expect(shim.afterShutdown()).toEqual([
+      "health:old",
+      "metrics:old",
+      "health:old",
+      "metrics:old",
+      "health:old",
+      "metrics:new",
+      "tasks:new",
+    ]);
+  });
+
+  it("says what it waited for when the new build never answers", async () => {
+    const { result } = await upgrade(
+      { version: "1.0.0", buildId: "aaaaaaaaaaaaaaaaaaaa" },
+      { version: "1.0.0", buildId: "bbbbbbbbbbbbbbbbbbbb" },
+      Number.POSITIVE_INFINITY,
+    );
+    expect(result).toMatchObject({ outcome: "failed", compared: "build_id" });
+    expect(result.error).toBe(
+      `restart as build bbbbbbbbbbbbbbbbbbbb: not within ${TIMINGS.restartTimeoutMs} ms`,
+    );
+  });
+});
