@@ -100,6 +100,18 @@ export const Components = Type.Object({
         Type.Literal("installing"),
         Type.Literal("error"),
       ]),
+      build_id: Type.Optional(
+        Type.String({
+          description:
+            "taskshim extension, dstack-shim only: the build_id that a taskshim binary's `version --json` prints",
+        }),
+      ),
+      error: Type.Optional(
+        Type.String({
+          description:
+            "taskshim extension: why the last install failed; status and version then describe the binary still in place",
+        }),
+      ),
     }),
   ),
 });
