@@ -117,6 +117,8 @@ const ComponentsSchema = Type.Object({
       version: Type.String(),
       /** taskshim extension: the installed binary's build id (its `version --json`), if it has one. */
       build_id: Type.Optional(Type.String()),
+      /** taskshim extension: why the last install failed (the binary in place is then reported). */
+      error: Type.Optional(Type.String()),
       status: Type.Union([
         Type.Literal("not-installed"),
         Type.Literal("installed"),

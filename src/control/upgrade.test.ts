@@ -7,6 +7,8 @@ import { upgradeShim, type UpgradeTimings } from "./upgrade.js";
 interface FakeBuild {
   readonly version: string;
   readonly buildId?: string;
+  /** The install failed: the binary in place is reported, with why. */
+  readonly installError?: string;
 }
 
 const TIMINGS: UpgradeTimings = { installTimeoutMs: 2_000, restartTimeoutMs: 2_000, pollMs: 5 };
@@ -45,8 +47,14 @@ class FakeShim {
   }
 
   private component(): object {
-    const { version, buildId } = this.installed;
-    return { name: "dstack-shim", version, status: "installed", ...(buildId ? { build_id: buildId } : {}) };
+    const { version, buildId, installError } = this.installed;
+    return {
+      name: "dstack-shim",
+      version,
+      status: "installed",
+      ...(buildId ? { build_id: buildId } : {}),
+      ...(installError ? { error: installError } : {}),
+    };
   }
 
   async start(): Promise<void> {
@@ -140,6 +148,22 @@ describe("upgradeShim decides from the build identity, not the version alone", (
       "health:new",
       "tasks:new",
     ]);
+  });
+
+  it("fails, restarting nothing, when the install failed and the shim reports the binary left in place", async () => {
+    const { result, shim } = await upgrade(
+      { version: "1.1.0", buildId: "cccccccccccccccccccc" },
+      {
+        version: "1.1.0",
+        buildId: "cccccccccccccccccccc",
+        installError: "sha256 mismatch: expected aa…, got bb…",
+      },
+    );
+    expect(result).toMatchObject({
+      outcome: "failed",
+      error: "install failed: sha256 mismatch: expected aa…, got bb…",
+    });
+    expect(shim.log).not.toContain("shutdown");
   });
 
   it("is already current when the installed build id is the running one, and restarts nothing", async () => {

@@ -62,7 +62,12 @@ async function until<T>(
 ): Promise<T> {
   const deadline = Date.now() + timeoutMs;
   for (;;) {
-    const value = await probe().catch(() => undefined);
+    // A probe that cannot reach the shim (it restarts) polls again; one that found a verdict
+    // (an UpgradeError: the install failed) ends the wait at once.
+    const value = await probe().catch((error: unknown) => {
+      if (error instanceof UpgradeError) throw error;
+      return undefined;
+    });
     if (value !== undefined) return value;
     if (Date.now() > deadline) throw new UpgradeError(`${what}: not within ${timeoutMs} ms`);
     await sleep(pollMs);
@@ -127,6 +132,10 @@ export async function upgradeShim(
         throw new UpgradeError(
           "install ended in status error (download, checksum or --version check failed)",
         );
+      // A taskshim whose install failed reports the binary still in place (`installed`, its
+      // version) and why in `error`: that is a failed upgrade, not the old binary "installed".
+      if (shim?.status === "installed" && shim.error !== undefined)
+        throw new UpgradeError(`install failed: ${shim.error}`);
       return shim?.status === "installed" ? shim : undefined;
     }).catch((error: unknown) => {
       throw error instanceof UpgradeError ? error : new UpgradeError(String(error));
