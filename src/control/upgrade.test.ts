@@ -7,6 +7,11 @@ import { upgradeShim, type UpgradeTimings } from "./upgrade.js";
 interface FakeBuild {
   readonly version: string;
   readonly buildId?: string;
+  /**
+   * Installed binary only: the build id its process reports once it runs, where the shim that
+   * checked it could not tell (a release from before build ids checking a newer binary).
+   */
+  readonly runsAsBuildId?: string;
   /** The install failed: the binary in place is reported, with why. */
   readonly installError?: string;
 }
@@ -68,7 +73,13 @@ class FakeShim {
           this.log.push(`health:${who}`);
           json(this.health());
           if (this.shutdownAt !== undefined && who === "old" && --this.drainAnswers <= 0) {
-            this.running = { ...this.installed, start: this.running.start + 60, name: "new" };
+            const { runsAsBuildId, ...installed } = this.installed;
+            this.running = {
+              ...installed,
+              ...(runsAsBuildId ? { buildId: runsAsBuildId } : {}),
+              start: this.running.start + 60,
+              name: "new",
+            };
           }
           return;
         case "GET /api/tasks":
@@ -220,6 +231,18 @@ describe("upgradeShim decides from the build identity, not the version alone", (
       "health:new",
       "tasks:new",
     ]);
+  });
+
+  it("a release from before build ids, upgraded to a build it cannot identify, is done when that build answers", async () => {
+    // 1.0.0 checks the installed binary with --version only: no build id for it, though the new
+    // process reports one. The wait must take the new process, not hold out for a build-less one.
+    const { result, shim } = await upgrade(
+      { version: "1.0.0" },
+      { version: "1.0.0", runsAsBuildId: "abababababababababab" },
+    );
+    expect(result).toMatchObject({ outcome: "upgraded", compared: "version", toBuildId: null });
+    // Told apart by its start time until the new process answered, then taken at once.
+    expect(shim.afterShutdown().slice(-2)).toEqual(["metrics:new", "tasks:new"]);
   });
 
   it("upgrades a shim from before build ids to a build with one, even of the same version", async () => {

@@ -166,10 +166,15 @@ export async function upgradeShim(
     }
     await client.shutdown(false);
     const requestedAt = performance.now();
-    const expected = toBuildId === null ? `version ${to} without a build id` : `build ${toBuildId}`;
+    const expected = toBuildId === null ? `version ${to}, another process` : `build ${toBuildId}`;
     const isNew = async (answer: Healthcheck, probe: ShimClient): Promise<boolean> => {
       if (toBuildId !== null) return answer.build?.build_id === toBuildId;
-      if (answer.version !== to || answer.build !== undefined) return false;
+      // The installed build is unknown (its binary, or the shim that checked it, predates build
+      // ids): the new process is any of that version that is not the old one.
+      if (answer.version !== to) return false;
+      const build = answer.build?.build_id ?? null;
+      if (build !== fromBuildId) return true;
+      if (fromBuildId !== null) return false; // the old process, still draining
       return oldStart === undefined || (await processStart(probe)) !== oldStart;
     };
     await until(`restart as ${expected}`, timings.restartTimeoutMs, timings.pollMs, async () => {
