@@ -168,7 +168,7 @@ export async function restoreTasks(ctx: RunnerContext): Promise<RestoreReport> {
     const foreignDir = stored ? undefined : newerDirs.get(container.name);
     const taskDir = stored?.dir ?? foreignDir ?? (adoptedDir || legacyDir(ctx, container.name));
     const keysUnknown = stored ? stored.state.keys_unknown === true : foreignDir === undefined;
-    add(ctx, {
+    const reordered = add(ctx, {
       ...withTimes(newTask(config), stored?.state, inspect?.startedAt),
       id: taskId,
       status,
@@ -187,8 +187,12 @@ export async function restoreTasks(ctx: RunnerContext): Promise<RestoreReport> {
       ...(container.state !== "created" && acrossReboot(ctx, stored?.state) ? { acrossReboot: true } : {}),
     });
     if (status === "creating") resumed.push(taskId);
-    if (unowned && adoptedDir !== "") changed.push(taskId);
-    if (stored?.state.status !== undefined && stored.state.status !== status) changed.push(taskId);
+    if (
+      (unowned && adoptedDir !== "") ||
+      (stored !== undefined && reordered) ||
+      (stored?.state.status !== undefined && stored.state.status !== status)
+    )
+      changed.push(taskId);
   }
 
   for (const [taskId, { dir, state }] of states) {
@@ -201,7 +205,7 @@ export async function restoreTasks(ctx: RunnerContext): Promise<RestoreReport> {
     // It ran (or a dstack-shim wrote it): its container is gone. The reconciler finalizes it
     // as "container not found" with the exit code unknown.
     else status = "running";
-    add(ctx, {
+    const reordered = add(ctx, {
       ...withTimes(newTask(state.config), state, undefined),
       status,
       terminationReason: reason,
@@ -213,6 +217,7 @@ export async function restoreTasks(ctx: RunnerContext): Promise<RestoreReport> {
       ...(!PRE_CONTAINER.includes(status) && acrossReboot(ctx, state) ? { acrossReboot: true } : {}),
     });
     if (PRE_CONTAINER.includes(status)) resumed.push(taskId);
+    if (reordered) changed.push(taskId);
   }
 
   const quarantineHeld = await dirs.sweepQuarantine();
@@ -312,12 +317,23 @@ function withTimes(task: Task, state: TaskState | undefined, containerStartedAt:
   };
 }
 
-function add(ctx: RunnerContext, task: Task): void {
+/**
+ * Adds a restored task; true when the store put its times in order (an older release stamped
+ * them out of order): such a task is persisted, so every later reader — a rolled-back release
+ * included — sees the same times.
+ */
+function add(ctx: RunnerContext, task: Task): boolean {
   try {
-    ctx.store.add(task);
+    const added = ctx.store.add(task);
+    return (
+      added.createdAt !== task.createdAt ||
+      added.startedAt !== task.startedAt ||
+      added.finishedAt !== task.finishedAt
+    );
   } catch (error) {
     ctx.gpuLock.release(task.gpuIds);
     ctx.log.error({ taskId: task.id, err: error }, "task not restored");
+    return false;
   }
 }
 

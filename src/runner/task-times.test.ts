@@ -130,9 +130,11 @@ describe("a restore whose times are inverted", () => {
     const t = 1_790_000_000_000;
     await writeTimes(task, { createdAt: t, startedAt: t + 5_000, finishedAt: t + 2_000 });
     const next = await restart();
-    await restoreTasks(next.ctx);
+    const report = await restoreTasks(next.ctx);
     const restored = next.ctx.store.mustGet(task.id);
     expect([restored.createdAt, restored.startedAt, restored.finishedAt]).toEqual([t, t + 5_000, t + 5_000]);
+    // Persisted at startup: a rolled-back release reading the file then shows the same times.
+    expect(report.changed).toContain(task.id);
     await next.reconciler.tick();
     expectOrdered(await timesOf(next.ctx.store.mustGet(task.id)));
   });
