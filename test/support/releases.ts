@@ -15,39 +15,45 @@ export interface Release {
 }
 
 /**
- * The newest release older than the version in package.json (the build under test). Its commit
- * comes from its tag `vX.Y.Z`, or from releases.json where a clone has no tags (the file is
- * written by scripts/release.mjs with each release).
+ * The release before the build under test: the newest release whose source differs from this
+ * checkout's (src/, scripts/, package files), so that work after a release at the same version
+ * number is tested against that release, and a checkout of a release itself against the one
+ * before it. Its commit comes from releases.json (written by scripts/release.mjs); where the
+ * clone has the tag `vX.Y.Z`, the tag must agree.
  */
 export async function previousRelease(): Promise<Release> {
-  const current = (JSON.parse(await readFile(join(ROOT, "package.json"), "utf8")) as { version: string })
-    .version;
   const listed = (
     JSON.parse(await readFile(join(ROOT, "releases.json"), "utf8")) as {
       releases: { version: string; tag: string; commit: string }[];
     }
-  ).releases;
-  const older = listed
-    .filter((r) => semver.lt(r.version, current))
-    .sort((a, b) => semver.rcompare(a.version, b.version));
-  const [release] = older;
-  if (release === undefined) throw new Error(`no release older than ${current} in releases.json`);
-  const tagged = await exec("git", [
-    "-C",
-    ROOT,
-    "rev-parse",
-    "--verify",
-    "--quiet",
-    `${release.tag}^{commit}`,
-  ]).then(
-    ({ stdout }) => stdout.trim(),
-    () => undefined,
-  );
-  if (tagged !== undefined && tagged !== release.commit) {
-    throw new Error(`tag ${release.tag} is ${tagged}, but releases.json says ${release.commit}`);
+  ).releases.sort((a, b) => semver.rcompare(a.version, b.version));
+  for (const release of listed) {
+    const tagged = await git("rev-parse", "--verify", "--quiet", `${release.tag}^{commit}`).catch(
+      () => undefined,
+    );
+    if (tagged !== undefined && tagged !== release.commit) {
+      throw new Error(`tag ${release.tag} is ${tagged}, but releases.json says ${release.commit}`);
+    }
+    const same = await git(
+      "diff",
+      "--quiet",
+      release.commit,
+      "--",
+      "src",
+      "scripts",
+      "package.json",
+      "package-lock.json",
+    ).then(
+      () => true,
+      () => false,
+    );
+    if (!same) return { version: release.version, commit: release.commit };
   }
-  return { version: release.version, commit: release.commit };
+  throw new Error("no release in releases.json whose source differs from this checkout");
 }
+
+const git = async (...args: string[]): Promise<string> =>
+  (await exec("git", ["-C", ROOT, ...args])).stdout.trim();
 
 /**
  * The single binary of a release, built once from a git worktree of its commit with its own
