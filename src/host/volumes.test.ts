@@ -15,6 +15,7 @@ import {
   InvalidVolumeNameError,
   VolumeDeviceError,
   VolumePrepareError,
+  VolumePrepareInterruptedError,
   VolumeUnmountError,
   matchAwsSerial,
   type VolumeInfo,
@@ -229,7 +230,7 @@ describe("HostVolumes", () => {
       ],
     ])(
       "never formats when blkid %s, first or on a re-probe of a blank-looking disk",
-      async (_label, outcome) => {
+      async (label, outcome) => {
         await symlink("/dev/sdb", join(byId, "google-pd-data"));
         // First probe: the failure itself. Then: blank twice, and the failure on the last re-probe.
         for (const failOn of [1, 3]) {
@@ -241,6 +242,8 @@ describe("HostVolumes", () => {
             .prepareVolumes([gcp({ init_fs: true })])
             .catch((e: unknown) => e);
           expect(error).toBeInstanceOf(VolumePrepareError);
+          // Only the shutdown's interruption is told apart: the task resumes instead of failing.
+          expect(error instanceof VolumePrepareInterruptedError).toBe(label === "interrupted");
           expect((error as Error).cause).toBeInstanceOf(CommandFailedError);
           expect(probes).toBe(failOn);
           expect(commands.argvs().some((argv) => /^(mkfs|mount )/.test(argv))).toBe(false);

@@ -44,6 +44,23 @@ export class VolumePrepareError extends Error {
   }
 }
 
+/**
+ * Preparing a volume was cut short because the shim is shutting down: one of its commands was
+ * killed by the shutdown's interruption. Not a fault of the volume or the task: every step is
+ * idempotent, so the next start prepares it again from where the disk is.
+ */
+export class VolumePrepareInterruptedError extends VolumePrepareError {
+  override readonly name = "VolumePrepareInterruptedError";
+}
+
+/** Whether `error` (or a cause of it) is a command the shim's shutdown interrupted. */
+export function isInterruptedCommand(error: unknown): boolean {
+  for (let e = error, depth = 0; e instanceof Error && depth < 8; e = e.cause, depth++) {
+    if (e instanceof CommandFailedError && e.outcome.kind === "interrupted") return true;
+  }
+  return false;
+}
+
 /** A volume's backend, device or file system is not usable. */
 export class VolumeDeviceError extends Error {
   override readonly name = "VolumeDeviceError";
@@ -150,7 +167,8 @@ export class HostVolumes {
    * once volume `i` is mounted (also when it already was), so the caller can record progress. The
    * first failure stops the loop; volumes mounted before it stay mounted for the caller to release.
    *
-   * @throws InvalidVolumeNameError, or VolumePrepareError naming the volume.
+   * @throws InvalidVolumeNameError, VolumePrepareInterruptedError when the shutdown interrupted a
+   *   command (the task is not at fault), or VolumePrepareError naming the volume.
    */
   async prepareVolumes(
     volumes: readonly VolumeInfo[],
@@ -161,6 +179,8 @@ export class HostVolumes {
       try {
         if (!(await this.isMounted(mountPoint))) await this.formatAndMount(volume, mountPoint);
       } catch (error) {
+        if (isInterruptedCommand(error))
+          throw new VolumePrepareInterruptedError(volume.name, { cause: error });
         throw new VolumePrepareError(volume.name, { cause: error });
       }
       await onMounted?.(index);

@@ -16,7 +16,9 @@ import { UserKeysReconcileError } from "../host/authorized-keys.js";
 import { containerNameFor } from "../tasks/container-name.js";
 import { sshEd25519PublicKey, taskConfig } from "../testing/fixtures.js";
 import { makeContext, type TestEnv } from "../testing/test-context.js";
+import type { BoundedOutcome } from "../exec/run-bounded.js";
 import { armFailpoints } from "./failpoints.js";
+import { restoreTasks } from "./restore.js";
 import { REGISTRY_AUTH_FILE } from "./registry-auth-file.js";
 import { TaskOperationError } from "./task-runner.js";
 
@@ -268,5 +270,66 @@ describe("TaskRunner.submit into an existing task dir", () => {
     expect((error as Error).message).toMatch(new RegExp(`^failed to create task ${config.id}: E[A-Z]+`));
     expect(env.ctx.store.get(config.id)).toBeUndefined();
     expect(existsSync(join(dir, REGISTRY_AUTH_FILE))).toBe(true);
+  });
+});
+
+describe("U9 a graceful stop during volume preparation", () => {
+  const volume = { backend: "gcp", name: "data", volume_id: "vol-1", init_fs: true, device_name: "pd-data" };
+  const interrupted: BoundedOutcome = {
+    kind: "interrupted",
+    kill: { ok: true },
+    operationElapsedMs: 5,
+    cleanup: {
+      trigger: "interruption",
+      elapsed_ms: 5,
+      reap_grace_ms: 0,
+      io_drain_grace_ms: 0,
+      kill_attempted: true,
+      verified: true,
+      error: null,
+    },
+  };
+
+  it("leaves the task preparing (never executor_error), and the next start resumes it to running", async () => {
+    // The shutdown interrupts the volume command in flight (a slow blkid or mkfs, here mountpoint).
+    env.commands.script = (argv) => {
+      if (argv[0] !== "mountpoint") return undefined;
+      env.shutdownController.abort(new Error("shim shutting down"));
+      return interrupted;
+    };
+    const task = await env.submitAndStart({ volumes: [volume] });
+    expect(task).toMatchObject({ status: "preparing", terminationReason: "" });
+    expect(env.ctx.store.mustGet(task.id).startInFlight).toBe(false);
+
+    // The restart: the same home and engine, the volume prepares this time (already mounted).
+    const next = await makeContext({ home: env.home, docker: env.docker });
+    try {
+      next.commands.mounted.add(join(next.ctx.params.volumeMountRoot, "data"));
+      const report = await restoreTasks(next.ctx);
+      expect(report.resumed).toEqual([task.id]);
+      await next.runner.start(task.id);
+      expect(next.ctx.store.mustGet(task.id)).toMatchObject({ status: "running", terminationReason: "" });
+    } finally {
+      await next.dispose();
+    }
+  });
+
+  it("still fails the task when a volume command fails on its own", async () => {
+    env.commands.script = (argv) =>
+      argv[0] === "mountpoint"
+        ? {
+            ...interrupted,
+            kind: "exited",
+            code: null,
+            signal: "SIGKILL",
+            stdout: Buffer.alloc(0),
+            stderr: Buffer.alloc(0),
+          }
+        : undefined;
+    const task = await env.submitAndStart({ volumes: [volume] });
+    expect(task).toMatchObject({ status: "terminated", terminationReason: "executor_error" });
+    expect(task.terminationMessage).toMatch(
+      /^prepareVolumes error: format and mount volume data: mountpoint/,
+    );
   });
 });

@@ -1,6 +1,7 @@
 import { createWriteStream, existsSync } from "node:fs";
 import { unlink } from "node:fs/promises";
 import { UserKeysReconcileError } from "../host/authorized-keys.js";
+import { VolumePrepareInterruptedError } from "../host/volumes.js";
 import { join } from "node:path";
 import { buildContainerSpec } from "../docker/container-spec.js";
 import { engineTime, type ContainerState, type PullAuth } from "../docker/docker-client.js";
@@ -399,12 +400,22 @@ export class TaskRunner {
       }
       await failpoint("after-keys-write");
     }
-    await startStep("executor_error", "prepareVolumes", () =>
-      volumes.prepareVolumes(
-        config.volumes,
-        (index) => failpoint(`after-volume-mount:${index + 1}`) ?? Promise.resolve(),
-      ),
-    );
+    try {
+      await startStep("executor_error", "prepareVolumes", () =>
+        volumes.prepareVolumes(
+          config.volumes,
+          (index) => failpoint(`after-volume-mount:${index + 1}`) ?? Promise.resolve(),
+        ),
+      );
+    } catch (error) {
+      // A graceful stop is never worse than a kill -9: a volume command the shutdown cut (mkfs,
+      // blkid, mount…) leaves the task `preparing`, and the next start prepares it again (every
+      // step is idempotent), as an interrupted pull resumes.
+      if (error instanceof StartStepError && error.cause instanceof VolumePrepareInterruptedError) {
+        throw new StartAbandoned("shim shutting down during volume preparation");
+      }
+      throw error;
+    }
     await startStep("executor_error", "prepareInstanceMountPoints", () =>
       volumes.prepareInstanceMounts(config.instance_mounts),
     );
