@@ -24,6 +24,59 @@ export class ShimUnreachableError extends Error {
 export class ShimProtocolError extends Error {
   override readonly name = "ShimProtocolError";
 }
+/**
+ * An answer (or one line of the event stream) was larger than a client reads: the rest was not
+ * read and the connection was dropped, so an endless or huge body never exhausts the heap.
+ */
+export class ShimAnswerTooLargeError extends Error {
+  override readonly name = "ShimAnswerTooLargeError";
+  constructor(
+    readonly url: string,
+    readonly limitBytes: number,
+  ) {
+    super(`answer from ${url} exceeds ${formatMiB(limitBytes)}`);
+  }
+}
+
+/**
+ * The most a {@link ShimClient} reads of one answer. The largest a shim sends is a logs tail (at
+ * most 1 MiB of output plus one newline per line) or a task list of a few thousand tasks; an
+ * answer past this is not a shim's, and reading it whole cost gigabytes (a body that never ends).
+ */
+export const MAX_ANSWER_BYTES = 16 * 1024 * 1024;
+/** The most one line of `GET /api/events` may hold (an event is a few hundred bytes). */
+export const MAX_EVENT_LINE_BYTES = 1024 * 1024;
+
+const formatMiB = (bytes: number): string => `${Math.round((bytes / 1024 / 1024) * 100) / 100} MiB`;
+
+/**
+ * Reads an answer's body as text, at most `limit` bytes: past it the body is cancelled (the
+ * connection dropped) and {@link ShimAnswerTooLargeError} thrown. Network errors and the request's
+ * deadline surface as the body stream's own errors.
+ */
+export async function readLimitedText(
+  response: Response,
+  url: string,
+  limit = MAX_ANSWER_BYTES,
+): Promise<string> {
+  if (!response.body) return "";
+  const reader: ReadableStreamDefaultReader<Uint8Array> = response.body.getReader();
+  const chunks: Uint8Array[] = [];
+  let size = 0;
+  try {
+    for (;;) {
+      const { done, value } = await reader.read();
+      if (done) break;
+      size += value.byteLength;
+      if (size > limit) throw new ShimAnswerTooLargeError(url, limit);
+      chunks.push(value);
+    }
+  } catch (error) {
+    await reader.cancel().catch(() => undefined);
+    throw error;
+  }
+  return Buffer.concat(chunks, size).toString("utf8");
+}
 
 // A union built from an array loses its literal types in Static (it becomes never); the schema
 // still checks the values, Unsafe only restores the type.
@@ -240,15 +293,17 @@ export class ShimClient {
     if (body !== undefined) headers["content-type"] = "application/json";
     if (this.options.authToken !== undefined) headers.authorization = `Bearer ${this.options.authToken}`;
     let text: string;
+    const url = new URL(path, this.baseUrl);
     try {
-      response = await fetch(new URL(path, this.baseUrl), {
+      response = await fetch(url, {
         method,
         signal: AbortSignal.timeout(timeoutMs),
         headers,
         ...(body === undefined ? {} : { body: JSON.stringify(body) }),
       });
-      text = await response.text();
+      text = await readLimitedText(response, url.href);
     } catch (cause) {
+      if (cause instanceof ShimAnswerTooLargeError) throw cause;
       throw new ShimUnreachableError(`${this.baseUrl}${path}: ${fetchFailure(cause)}`, { cause });
     }
     if (!response.ok) throw new ShimHttpError(response.status, text, path, method);
@@ -366,7 +421,10 @@ export class ShimClient {
     } finally {
       clearTimeout(timer);
     }
-    if (!response.ok) throw new ShimHttpError(response.status, await response.text().catch(() => ""), path);
+    if (!response.ok) {
+      const text = await readLimitedText(response, `${this.baseUrl}${path}`).catch(() => "");
+      throw new ShimHttpError(response.status, text, path);
+    }
     if (!response.body) return;
     const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
     let buffer = "";
@@ -393,6 +451,10 @@ export class ShimClient {
           }
           if (!Value.Check(TaskEventSchema, json)) throw new ShimProtocolError(`${path}: unexpected event`);
           yield json;
+        }
+        // A line that never ends would grow without bound: not an event stream of a shim.
+        if (buffer.length > MAX_EVENT_LINE_BYTES) {
+          throw new ShimAnswerTooLargeError(`${this.baseUrl}${path}`, MAX_EVENT_LINE_BYTES);
         }
       }
     } finally {
