@@ -32,7 +32,7 @@ export class InvalidInstancePathError extends Error {
 
 /** Preparing one volume failed; `cause` says at which step. */
 export class VolumePrepareError extends Error {
-  override readonly name = "VolumePrepareError";
+  override readonly name: string = "VolumePrepareError";
   constructor(
     readonly volume: string,
     options: ErrorOptions,
