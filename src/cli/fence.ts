@@ -1,8 +1,15 @@
 import { readFile } from "node:fs/promises";
 import { Command, Option } from "@commander-js/extra-typings";
-import { FENCE_DEFAULT_DEADLINE_MS, fence, type FenceReport, type FenceRequest } from "../control/fence.js";
+import {
+  FENCE_DEFAULT_DEADLINE_MS,
+  fence,
+  FenceRequestError,
+  type FenceReport,
+  type FenceRequest,
+} from "../control/fence.js";
 import type { CliTarget, SshTarget } from "../docker/cli-removal.js";
 import { BoundedCommandRunner } from "../exec/run-bounded.js";
+import { isValidTaskId } from "../tasks/task-config.js";
 import { cell, formatTable } from "./table.js";
 import { errorMessage } from "../errors/error-message.js";
 
@@ -76,6 +83,12 @@ export function fenceRequestOf(flags: FenceFlags, authToken?: string): FenceRequ
   }
   for (const id of flags.task) {
     if (id.trim() === "") throw new FenceUsageError("--task needs a task id");
+    // The submit's rule: a task id goes into the shim's URLs, where `..` or `/` name other routes.
+    if (!isValidTaskId(id)) {
+      throw new FenceUsageError(
+        `invalid --task ${JSON.stringify(id)}: a task id is letters, digits, '_', '.', ':' or '-' (at most 128)`,
+      );
+    }
   }
   for (const label of flags.label) {
     if (!/^[^=\s]+=[^\s]*$/.test(label))
@@ -113,11 +126,20 @@ export function fenceRequestOf(flags: FenceFlags, authToken?: string): FenceRequ
   };
 }
 
-/** The table `taskshim fence` prints: container, task id, outcome, detail. */
+/** The one line naming a host-level failure, or null when there is none. */
+export function hostErrorLine(report: FenceReport): string | null {
+  return report.error === null ? null : `${report.host}: ${report.error.reason}: ${report.error.detail}`;
+}
+
+/**
+ * The table `taskshim fence` prints: container, task id, the path that decided, outcome, detail;
+ * then the host-level failure, if any, and the summary.
+ */
 export function formatFenceReport(report: FenceReport): string {
   const rows = report.results.map((r) => [
     cell(r.container),
     cell(r.task_id),
+    r.via,
     r.outcome,
     cell(
       r.reason === null
@@ -126,9 +148,10 @@ export function formatFenceReport(report: FenceReport): string {
       100,
     ),
   ]);
-  const table = formatTable(["CONTAINER", "TASK ID", "OUTCOME", "DETAIL"], rows);
+  const table = formatTable(["CONTAINER", "TASK ID", "VIA", "OUTCOME", "DETAIL"], rows);
+  const hostLine = hostErrorLine(report);
   const summary = `${report.confirmed ? "confirmed" : "NOT confirmed"}: ${report.results.length} result(s) via ${report.via} on ${report.host}`;
-  return `${table}\n${summary}`;
+  return [table, ...(hostLine === null ? [] : [`host: ${hostLine}`]), summary].join("\n");
 }
 
 /** Registers `taskshim fence` on the program. */
@@ -140,10 +163,13 @@ export function addFenceCommand(program: Command): void {
       "make sure a host's tasks are dead before a control plane runs them elsewhere (no split brain): " +
         "through the shim's API, or the docker CLI over SSH or locally; exit 0 only when every removal is confirmed",
     )
-    .option("--shim <url>", "ask this shim first: terminate (timeout 0), remove, confirm through its API")
+    .option(
+      "--shim <url>",
+      "ask this shim first: terminate (timeout 0), remove, confirm through its API; what it does not confirm goes to --ssh/--local",
+    )
     .option(
       "--ssh <[user@]host[:port]>",
-      "run the docker CLI on this host over ssh (also the fallback of --shim)",
+      "run the docker CLI on this host over ssh (with --shim: for what the shim did not confirm, and --all's listing)",
     )
     .option("--identity <file>", "ssh identity file (with --ssh)")
     .option(
@@ -181,7 +207,17 @@ export function addFenceCommand(program: Command): void {
         process.stderr.write(`taskshim: fence: ${error.message}\n`);
         process.exit(FENCE_USAGE_EXIT);
       }
-      const result = await fence(new BoundedCommandRunner(), request);
+      let result: FenceReport;
+      try {
+        result = await fence(new BoundedCommandRunner(), request);
+      } catch (error) {
+        if (!(error instanceof FenceRequestError)) throw error;
+        process.stderr.write(`taskshim: fence: ${error.message}\n`);
+        process.exit(FENCE_USAGE_EXIT);
+      }
+      // A host-level failure also goes to stderr: a script keeping only stderr still learns why.
+      const hostLine = hostErrorLine(result);
+      if (hostLine !== null) process.stderr.write(`taskshim: fence: NOT confirmed: ${hostLine}\n`);
       process.stdout.write(
         flags.json ? `${JSON.stringify(result, null, 2)}\n` : `${formatFenceReport(result)}\n`,
       );
