@@ -76,6 +76,22 @@ export class ShimMetrics {
     help: "HTTP connections refused because 1,000 were already open",
     registers: [this.registry],
   });
+  readonly eventStreams = new Gauge({
+    name: "taskshim_event_streams",
+    help: "Open GET /api/events streams",
+    registers: [this.registry],
+  });
+  readonly eventStreamsRefused = new Counter({
+    name: "taskshim_event_streams_refused_total",
+    help: "GET /api/events answered 503 because --max-event-streams were already open",
+    registers: [this.registry],
+  });
+  readonly eventStreamsCutOff = new Counter({
+    name: "taskshim_event_streams_cut_off_total",
+    help: "GET /api/events streams cut off because their follower did not read (behind: backlog bound; stalled: time bound)",
+    labelNames: ["reason"] as const,
+    registers: [this.registry],
+  });
   readonly foreignContainers = new Gauge({
     name: "taskshim_foreign_containers",
     help: "Labelled containers on the engine that are not this shim's (another home's, or unclaimed): never acted on",

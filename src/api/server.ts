@@ -1,7 +1,6 @@
 import { createHash, timingSafeEqual } from "node:crypto";
 import type { Socket } from "node:net";
 import { constants as osConstants } from "node:os";
-import { PassThrough } from "node:stream";
 import Fastify, { LogController, type FastifyReply, type FastifyRequest, type HTTPMethods } from "fastify";
 import type { Static, TSchema } from "typebox";
 import type { Logger } from "pino";
@@ -22,6 +21,7 @@ import { InvalidTaskConfigError, parseTaskConfig, TaskSubmitBodySchema } from ".
 import { TaskNotFoundError, type TaskStore } from "../tasks/task-store.js";
 import { normalizeTerminationReason, type TerminationReason } from "../tasks/termination-reason.js";
 import { ConnectionDrain, DRAIN_TIMES, type ConnectionHandoff, type DrainTimes } from "./connection-drain.js";
+import { EventStreams, type EventStreamLimits } from "./event-streams.js";
 import { BODY_LIMIT_BYTES, decodeObjectBody, HttpError } from "./http-errors.js";
 import type { ShimMetrics } from "./metrics.js";
 import { openApiDocument, type ApiRoute } from "./openapi.js";
@@ -38,7 +38,7 @@ import {
   TaskList,
   TerminateBody,
 } from "./schemas.js";
-import { taskEvent, taskInfo, taskInfoJson } from "./wire.js";
+import { taskInfo, taskInfoJson } from "./wire.js";
 import { errorMessage } from "../errors/error-message.js";
 import { BUILD, type BuildIdentity } from "../version.js";
 
@@ -68,10 +68,9 @@ export interface ApiDeps {
   readonly drainTimes?: DrainTimes;
   /** Where idle connections go when the server drains, instead of being closed (the next shim). */
   readonly handoff?: ConnectionHandoff;
+  /** Bounds of `GET /api/events` (default EVENT_STREAM_LIMITS; `--max-event-streams`). */
+  readonly eventStreams?: Partial<EventStreamLimits>;
 }
-
-/** An events follower further behind than this is cut off (it reconnects and gets a fresh snapshot). */
-const MAX_EVENT_BACKLOG_BYTES = 1024 * 1024;
 
 /** GET and HEAD: answered from memory, so still answered while the server drains. */
 function isRead(method: string): boolean {
@@ -201,9 +200,13 @@ export function buildApi(deps: ApiDeps) {
   });
 
   // Open event streams end when the server closes, or its close would wait for them forever.
-  const eventStreams = new Set<PassThrough>();
+  const eventStreams = new EventStreams(deps.store, deps.eventStreams, {
+    open: (count) => deps.metrics.eventStreams.set(count),
+    refused: () => deps.metrics.eventStreamsRefused.inc(),
+    cutOff: (reason) => deps.metrics.eventStreamsCutOff.inc({ reason }),
+  });
   app.addHook("preClose", (done) => {
-    for (const stream of eventStreams) stream.end();
+    eventStreams.closeAll();
     done();
   });
   // The last preClose hook: fastify's own close (Node's http.Server#close) would destroy every
@@ -332,32 +335,27 @@ export function buildApi(deps: ApiDeps) {
       summary:
         "taskshim extension: task status changes as they happen, as newline-delimited JSON: first every task present, then each addition, status change and removal",
       handler: (_request, reply) => {
-        const stream = new PassThrough();
-        const send = (event: ReturnType<typeof taskEvent>): void => {
-          if (stream.writableLength > MAX_EVENT_BACKLOG_BYTES) stream.end();
-          else if (!stream.writableEnded) stream.write(`${JSON.stringify(event)}\n`);
-        };
-        for (const task of deps.store.list()) send(taskEvent({ kind: "present", task }));
-        // Synchronous with the store's change: no status is ever skipped, however short.
-        const unwatch = deps.store.watch((change) => send(taskEvent(change)));
-        eventStreams.add(stream);
-        const stop = (): void => {
-          unwatch();
-          eventStreams.delete(stream);
-          if (!stream.writableEnded) stream.end();
-        };
-        reply.raw.once("close", stop);
-        stream.once("close", stop);
-        return reply
-          .header("content-type", "application/x-ndjson; charset=utf-8")
-          .header("cache-control", "no-store")
-          .send(stream);
+        // Beyond the cap a clear answer, and the connection is not kept: streams never take
+        // the connections the rest of the API needs (event-streams.ts).
+        if (!eventStreams.admit()) {
+          const limit = eventStreams.limits.maxStreams;
+          return sendText(
+            reply.header("connection", "close").header("retry-after", "5"),
+            503,
+            `too many event streams: all ${limit} allowed are open (--max-event-streams); try again later`,
+          );
+        }
+        // The stream writes to the response itself, with back-pressure and its own cut-offs.
+        reply.hijack();
+        eventStreams.serve(reply.raw);
+        return reply;
       },
     },
     {
       method: "GET",
       url: "/api/tasks/:id/logs",
-      summary: "taskshim extension: the last `tail` lines (default 100) of the container's output, as text",
+      summary:
+        "taskshim extension: the last `tail` lines (default 100) of the container's output, at most its last 1 MiB (a longer line is cut at its start), as text",
       query: LogsQuery,
       handler: async (request, reply) => {
         const task = deps.store.mustGet(id(request));

@@ -297,6 +297,7 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
       requestShutdown: (force) => shutdown(force),
       homeHealth: () => homeWatch.current(),
       ...(handoff ? { handoff } : {}),
+      eventStreams: { maxStreams: config.maxEventStreams },
     });
     // fastify compiles its routes and schemas (CPU) while the restore waits on the engine and the
     // disk; nothing listens before the restore and the first tick are done.

@@ -4,6 +4,7 @@ import { describe, expect, it } from "vitest";
 import {
   ConfigError,
   containerParamsOf,
+  DEFAULT_EVENT_STREAMS,
   parseLogLevel,
   resolveShimConfig,
   type ServeFlags,
@@ -178,6 +179,22 @@ describe("resolveShimConfig: booleans", () => {
     expect(config({ adoptUnowned: true }).adoptUnowned).toBe(true);
     expect(config({}, { TASKSHIM_ADOPT_UNOWNED: "1" }).adoptUnowned).toBe(true);
     expect(() => config({}, { TASKSHIM_ADOPT_UNOWNED: "perhaps" })).toThrow(ConfigError);
+  });
+});
+
+describe("resolveShimConfig: --max-event-streams", () => {
+  it("defaults to the event streams' own limit, takes the flag over TASKSHIM_MAX_EVENT_STREAMS", () => {
+    expect(config({}).maxEventStreams).toBe(DEFAULT_EVENT_STREAMS);
+    expect(config({}, { TASKSHIM_MAX_EVENT_STREAMS: "500" }).maxEventStreams).toBe(500);
+    expect(config({ maxEventStreams: "7" }, { TASKSHIM_MAX_EVENT_STREAMS: "500" }).maxEventStreams).toBe(7);
+  });
+
+  it("refuses 0, more than 900 and what is not an integer, naming the setting", () => {
+    for (const bad of ["0", "901", "-1", "1.5", "many"]) {
+      expect(() => config({ maxEventStreams: bad })).toThrow(
+        /^max-event-streams: expected an integer from 1 to 900/,
+      );
+    }
   });
 });
 

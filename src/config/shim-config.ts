@@ -7,6 +7,10 @@ import { DEFAULT_VOLUME_MOUNT_ROOT } from "../host/volumes.js";
 /** pino's level names, ordered as logrus' numeric levels 1..6 map to them. */
 export type LogLevel = "fatal" | "error" | "warn" | "info" | "debug" | "trace";
 
+/** How stdout shows the log (see `ShimConfig.logFormat`). */
+export type LogFormat = "auto" | "text" | "json";
+const LOG_FORMATS: readonly LogFormat[] = ["auto", "text", "json"];
+
 /** One validated configuration for `taskshim serve`. */
 export interface ShimConfig {
   readonly home: string;
@@ -16,6 +20,11 @@ export interface ShimConfig {
   readonly authTokenFile: string;
   readonly shimBinaryPath: string;
   readonly logLevel: LogLevel;
+  /**
+   * How stdout shows the log: `text`, one readable line per event, or `json`, pino's lines;
+   * `auto` is text on a terminal and JSON to a file, a pipe or journald. shim.log is JSON always.
+   */
+  readonly logFormat: LogFormat;
   readonly runnerDownloadUrl: string;
   readonly runnerBinaryPath: string;
   readonly runnerHttpPort: number;
@@ -33,6 +42,8 @@ export interface ShimConfig {
    * migrating from a dstack-shim that wrote no state); by default they are foreign.
    */
   readonly adoptUnowned: boolean;
+  /** `GET /api/events` streams open at once; one more is answered 503 (1..900). */
+  readonly maxEventStreams: number;
   /** Environment-only knobs for tests and chaos runs (see TESTING_ENV). */
   readonly testing: {
     readonly failpoints: string;
@@ -64,6 +75,11 @@ export class ConfigError extends Error {
 /** The serve flags as commander hands them over (all optional strings or booleans). */
 export type ServeFlags = Partial<Record<FlagName, string | boolean>>;
 
+/** Mirrors EVENT_STREAM_LIMITS of src/api/event-streams.ts (a test keeps them equal). */
+export const DEFAULT_EVENT_STREAMS = 100;
+/** 100 of the API's 1,000 connections always stay for everything but event streams. */
+export const MAX_EVENT_STREAMS = 900;
+
 /** Every serve setting: its flag (camelCase as commander names it), env variable and default. */
 export const SERVE_SETTINGS = {
   shimHome: { flag: "--shim-home <dir>", env: "DSTACK_SHIM_HOME", help: "home dir (shim.log, runners/)" },
@@ -91,6 +107,11 @@ export const SERVE_SETTINGS = {
     flag: "--shim-log-level <level>",
     env: "DSTACK_SHIM_LOG_LEVEL",
     help: "1..6 or fatal|error|warn|info|debug|trace (default info)",
+  },
+  logFormat: {
+    flag: "--log-format <format>",
+    env: "TASKSHIM_LOG_FORMAT",
+    help: "stdout log: text (readable lines), json, or auto (text on a terminal, else json; default); shim.log is JSON",
   },
   runnerDownloadUrl: {
     flag: "--runner-download-url <url>",
@@ -141,6 +162,11 @@ export const SERVE_SETTINGS = {
     env: "TASKSHIM_ADOPT_UNOWNED",
     help: "adopt labelled containers without owner label and without task state (migrating from a stateless dstack-shim)",
   },
+  maxEventStreams: {
+    flag: "--max-event-streams <n>",
+    env: "TASKSHIM_MAX_EVENT_STREAMS",
+    help: `GET /api/events streams open at once, 1..${MAX_EVENT_STREAMS} (default ${DEFAULT_EVENT_STREAMS}); more are answered 503`,
+  },
 } as const;
 
 type FlagName = keyof typeof SERVE_SETTINGS;
@@ -153,6 +179,20 @@ function port(value: string, name: string): number {
   if (!/^\d+$/.test(value) || n < 1 || n > 65_535)
     throw new ConfigError(`${name}: invalid port ${JSON.stringify(value)}`);
   return n;
+}
+
+function count(value: string, name: string, max: number): number {
+  const n = Number(value);
+  if (!/^\d+$/.test(value.trim()) || n < 1 || n > max) {
+    throw new ConfigError(`${name}: expected an integer from 1 to ${max}, got ${JSON.stringify(value)}`);
+  }
+  return n;
+}
+
+function oneOf<T extends string>(value: string, name: string, allowed: readonly T[]): T {
+  const v = value.trim().toLowerCase();
+  if ((allowed as readonly string[]).includes(v)) return v as T;
+  throw new ConfigError(`${name}: expected one of ${allowed.join(", ")}, got ${JSON.stringify(value)}`);
 }
 
 function bool(value: string | boolean, name: string): boolean {
@@ -204,6 +244,7 @@ export function resolveShimConfig(
     authTokenFile: str("authTokenFile", "") === "" ? "" : path("authTokenFile", ""),
     shimBinaryPath: path("shimBinaryPath", defaults.shimBinaryPath),
     logLevel: parseLogLevel(str("shimLogLevel", "info")),
+    logFormat: oneOf(str("logFormat", "auto"), "log-format", LOG_FORMATS),
     runnerDownloadUrl: str("runnerDownloadUrl", ""),
     runnerBinaryPath: path("runnerBinaryPath", "/usr/local/bin/dstack-runner"),
     runnerHttpPort: port(str("runnerHttpPort", "10999"), SERVE_SETTINGS.runnerHttpPort.env),
@@ -220,6 +261,11 @@ export function resolveShimConfig(
     gpuFixture: str("gpuFixture", ""),
     volumeMountRoot: path("volumeMountRoot", DEFAULT_VOLUME_MOUNT_ROOT),
     adoptUnowned: bool(get("adoptUnowned") ?? false, "adopt-unowned"),
+    maxEventStreams: count(
+      str("maxEventStreams", String(DEFAULT_EVENT_STREAMS)),
+      "max-event-streams",
+      MAX_EVENT_STREAMS,
+    ),
     testing: {
       failpoints: env[TESTING_ENV.failpoints] ?? "",
       bootIdFile: env[TESTING_ENV.bootIdFile] || "/proc/sys/kernel/random/boot_id",

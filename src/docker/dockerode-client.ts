@@ -26,6 +26,12 @@ import {
 } from "./confirmed-removal.js";
 import { DockerConflictError, DockerNotFoundError, mapDockerError } from "./docker-errors.js";
 import { errorMessage } from "../errors/error-message.js";
+import {
+  LOG_TAIL_FIRST_ENTRIES,
+  LOG_TAIL_MAX_BYTES,
+  LogTailCollector,
+  nextLogTailEntries,
+} from "./log-tail.js";
 
 /** Deadlines (ms) for the short Engine API calls. */
 export const DOCKER_DEADLINES = {
@@ -240,18 +246,53 @@ export class DockerodeClient implements DockerClient {
     };
   }
 
+  /**
+   * The last `lines` lines of a container's output, at most `LOG_TAIL_MAX_BYTES` of it. The
+   * answer is read as a stream and only its end kept, and the engine is asked for few entries
+   * first, then more (`nextLogTailEntries`) until the tail holds its bytes or every line wanted:
+   * a workload that printed hundreds of MB without newlines costs one small read, not a buffer
+   * of all its entries (`tail=3000` of such output was 49 MB in memory and on the wire).
+   */
   async containerLogTail(id: string, lines: number, signal?: AbortSignal): Promise<string[]> {
-    const raw = await this.call(
-      "logs",
-      DOCKER_DEADLINES.logs,
-      signal,
-      (abortSignal) =>
-        this.docker
-          .getContainer(id)
-          .logs({ stdout: true, stderr: true, tail: lines, follow: false, abortSignal }) as Promise<unknown>,
-    );
-    const buffer = Buffer.isBuffer(raw) ? raw : Buffer.from(String(raw));
-    return splitLogLines(demuxLogBuffer(buffer)).slice(-lines);
+    return this.call("logs", DOCKER_DEADLINES.logs, signal, async (abortSignal) => {
+      for (
+        let entries = Math.min(lines, LOG_TAIL_FIRST_ENTRIES);
+        ;
+        entries = nextLogTailEntries(entries, lines)
+      ) {
+        const tail = await this.readLogTail(id, entries, abortSignal);
+        if (tail.seen >= LOG_TAIL_MAX_BYTES || entries >= lines)
+          return splitLogLines(tail.text()).slice(-lines);
+      }
+    });
+  }
+
+  /** One streamed read of the last `entries` log entries, its end kept (`LogTailCollector`). */
+  private async readLogTail(
+    id: string,
+    entries: number,
+    abortSignal: AbortSignal,
+  ): Promise<LogTailCollector> {
+    const stream = await new Promise<Readable>((resolve, reject) => {
+      this.docker.modem.dial(
+        {
+          path: `/containers/${encodeURIComponent(id)}/logs?`,
+          method: "GET",
+          isStream: true,
+          abortSignal,
+          statusCodes: { 200: true, 404: "no such container", 500: "server error" },
+          options: { stdout: true, stderr: true, tail: entries },
+        },
+        (error, result) => (error ? reject(error) : resolve(result as Readable)),
+      );
+    });
+    const collector = new LogTailCollector();
+    try {
+      for await (const chunk of stream) collector.push(chunk as Buffer);
+    } finally {
+      stream.destroy();
+    }
+    return collector;
   }
 
   async imageExists(reference: string, signal?: AbortSignal): Promise<boolean> {

@@ -6,6 +6,7 @@ import { ComponentService } from "../components/component-service.js";
 import type { CommandRunner } from "../exec/run-bounded.js";
 import { VERSION } from "../version.js";
 import type { ConnectionHandoff, DrainTimes } from "../api/connection-drain.js";
+import type { EventStreamLimits } from "../api/event-streams.js";
 import { FakeCommandRunner } from "./fake-command-runner.js";
 import type { TestEnv } from "./test-context.js";
 
@@ -21,6 +22,8 @@ export interface TestApiOptions {
   readonly drainTimes?: DrainTimes;
   /** Where idle connections go at `close()` (default: none; they are closed). */
   readonly handoff?: ConnectionHandoff;
+  /** Bounds of `GET /api/events` (default: the shim's). */
+  readonly eventStreams?: Partial<EventStreamLimits>;
 }
 
 /** The real HTTP edge over a test context (fake engine, temp home): what the API tests inject into. */
@@ -51,5 +54,6 @@ export function buildTestApi(env: TestEnv, options: TestApiOptions = {}): Return
     ...(options.authToken !== undefined ? { authToken: options.authToken } : {}),
     ...(options.drainTimes ? { drainTimes: options.drainTimes } : {}),
     ...(options.handoff ? { handoff: options.handoff } : {}),
+    ...(options.eventStreams ? { eventStreams: options.eventStreams } : {}),
   });
 }
