@@ -82,7 +82,9 @@ export const OPERATIONS: Readonly<Record<string, OperationDoc>> = {
   "GET /api/events": {
     operationId: "followTaskEvents",
     tag: "tasks",
-    statuses: {},
+    statuses: {
+      "503": "The shim is shutting down, or all the event streams --max-event-streams allows are open",
+    },
     okType: "application/x-ndjson",
   },
   "POST /api/tasks/{id}/terminate": {
@@ -223,11 +225,12 @@ export function openApiDocument(
       ...(options.authRequired ? { security: secured ? [{ bearer: [] }] : [] } : {}),
       responses: {
         "200": ok,
+        // A route's own 503 (below) says more than this one.
+        "503": plainText("The shim is shutting down"),
         ...Object.fromEntries(
           Object.entries(doc.statuses).map(([status, text]) => [status, plainText(text)]),
         ),
         ...(secured ? { "401": plainText("The bearer token is missing or wrong") } : {}),
-        "503": plainText("The shim is shutting down"),
       },
     };
   }
