@@ -3,11 +3,10 @@ import { existsSync } from "node:fs";
 import { chmod, mkdir, readFile, stat } from "node:fs/promises";
 import { createServer } from "node:net";
 import { join } from "node:path";
-import { pino, type Logger } from "pino";
+import type { Logger } from "pino";
 import { ShimMetrics } from "../api/metrics.js";
 import { buildApi } from "../api/server.js";
 import { ComponentService } from "../components/component-service.js";
-import { redactUrl, redactUrlsIn } from "../components/redact-url.js";
 import { ConfigError, containerParamsOf, type ShimConfig } from "../config/shim-config.js";
 import { DockerodeClient } from "../docker/dockerode-client.js";
 import { onPath } from "../exec/on-path.js";
@@ -25,12 +24,12 @@ import { TaskRunner } from "../runner/task-runner.js";
 import { HomeIdentityError, loadHomeIdentity } from "../state/home-identity.js";
 import { HomeWatch } from "../state/home-watch.js";
 import { acquireHomeLock, type HomeLock } from "../state/home-lock.js";
-import { LogFileSink } from "../state/log-file-sink.js";
 import { StorageHealth } from "../state/storage-health.js";
 import { TaskDirs } from "../state/task-dirs.js";
 import { TaskStore } from "../tasks/task-store.js";
 import { VERSION } from "../version.js";
 import { shimHandoff } from "./connection-handoff.js";
+import { createLogger } from "./shim-logger.js";
 import { startHeapTrim } from "./heap-trim.js";
 import { listenTarget, type ListenTarget } from "./listen-target.js";
 import { errorMessage } from "../errors/error-message.js";
@@ -38,51 +37,6 @@ import { errorMessage } from "../errors/error-message.js";
 /** Startup could not complete; the message is one line for the operator. */
 export class StartupError extends Error {
   override readonly name = "StartupError";
-}
-
-/** Paths and fields that may carry secrets: never logged. */
-const REDACT = [
-  "registry_password",
-  "*.registry_password",
-  "password",
-  "*.password",
-  "req.headers.authorization",
-];
-
-/** pino's error serializer, with every URL in the message and stack redacted. */
-function serializeError(error: Error): ReturnType<typeof pino.stdSerializers.err> {
-  const serialized = pino.stdSerializers.err(error);
-  serialized.message = redactUrlsIn(serialized.message);
-  if (typeof serialized.stack === "string") serialized.stack = redactUrlsIn(serialized.stack);
-  return serialized;
-}
-
-function createLogger(config: ShimConfig): { log: Logger; logFile: LogFileSink } {
-  // Not pino.destination: its failed write (a full or read-only disk) is an error event that
-  // ends the process. This sink drops what it cannot write and reopens the file by itself; it
-  // creates the file 0600 (only root reads the shim's log: it names users, paths and configs).
-  const logFile = new LogFileSink(join(config.home, "shim.log"));
-  const log = pino(
-    {
-      level: config.logLevel,
-      base: { pid: process.pid },
-      // ISO 8601, readable by a person and by every log shipper (epoch ms are neither).
-      timestamp: pino.stdTimeFunctions.isoTime,
-      redact: { paths: REDACT, censor: "[redacted]" },
-      // URLs lose userinfo and query string wherever they are logged (an expected failure is
-      // logged as its message alone, under `error`).
-      serializers: {
-        err: serializeError,
-        error: (text: unknown) => (typeof text === "string" ? redactUrlsIn(text) : text),
-        url: (url: unknown) => (typeof url === "string" ? redactUrl(url) : url),
-      },
-    },
-    pino.multistream([
-      { level: config.logLevel, stream: process.stdout },
-      { level: config.logLevel, stream: logFile },
-    ]),
-  );
-  return { log, logFile };
 }
 
 async function readBootId(path: string): Promise<string> {
@@ -179,7 +133,7 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
   }
   // A log file made by an earlier version (0644) is narrowed too.
   await chmod(join(config.home, "shim.log"), 0o600).catch(() => undefined);
-  const { log, logFile } = createLogger(config);
+  const { log, logFile } = await createLogger(config);
   try {
     armFailpoints(config.testing.failpoints);
   } catch (error) {
