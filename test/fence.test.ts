@@ -170,6 +170,18 @@ describe("taskshim fence: usage", () => {
     expect((await runFence(["--local", "--all", "--bogus"])).code).toBe(2);
     expect((await runFence(["--local", "--all", "--task", "x"])).code).toBe(2);
   });
+
+  it("O7: refuses a task id the submit would refuse (.., a slash) with exit 2 and one line, before any call", async () => {
+    for (const bad of ["..", "a/b", "../terminate"]) {
+      // Nothing listens on port 9: a call would show up as shim_unreachable, not as exit 2.
+      const refused = await runFence(["--shim", "http://127.0.0.1:9", "--task", bad, "--json"]);
+      expect(refused.code).toBe(2);
+      expect(refused.stdout).toBe("");
+      expect(refused.stderr).toBe(
+        `taskshim: fence: invalid --task ${JSON.stringify(bad)}: a task id is letters, digits, '_', '.', ':' or '-' (at most 128)\n`,
+      );
+    }
+  });
 });
 
 describe("taskshim fence --ssh: the docker CLI over a real sshd", () => {
@@ -183,8 +195,13 @@ describe("taskshim fence --ssh: the docker CLI over a real sshd", () => {
     const report = JSON.parse(fenced.stdout) as Record<string, unknown> & {
       results: Record<string, unknown>[];
     };
-    expect(Object.keys(report).sort()).toEqual(["confirmed", "host", "results", "via"]);
-    expect(report).toMatchObject({ host: `root@127.0.0.1:${sshPort}`, via: "ssh", confirmed: true });
+    expect(Object.keys(report).sort()).toEqual(["confirmed", "error", "host", "results", "via"]);
+    expect(report).toMatchObject({
+      host: `root@127.0.0.1:${sshPort}`,
+      via: "ssh",
+      confirmed: true,
+      error: null,
+    });
     const results = [...report.results].sort((x, y) => String(x.task_id).localeCompare(String(y.task_id)));
     expect(results).toEqual([
       {
@@ -192,6 +209,7 @@ describe("taskshim fence --ssh: the docker CLI over a real sshd", () => {
         task_id: `task-a-${RUN}`,
         outcome: "removed",
         reason: null,
+        via: "ssh",
         evidence: { elapsed_ms: expect.any(Number) as number, container_id: a.id },
       },
       {
@@ -199,6 +217,7 @@ describe("taskshim fence --ssh: the docker CLI over a real sshd", () => {
         task_id: `task-b-${RUN}`,
         outcome: "removed",
         reason: null,
+        via: "ssh",
         evidence: { elapsed_ms: expect.any(Number) as number, container_id: b.id },
       },
     ]);
@@ -253,14 +272,89 @@ describe("taskshim fence --ssh: the docker CLI over a real sshd", () => {
     );
     const fenced = await runFence([...flags, "--task", `task-hostkey-${RUN}`]);
     expect(fenced.code).toBe(1);
-    expect(fenced.stdout).toMatch(/^CONTAINER\s+TASK ID\s+OUTCOME\s+DETAIL\n/);
+    expect(fenced.stdout).toMatch(/^CONTAINER\s+TASK ID\s+VIA\s+OUTCOME\s+DETAIL\n/);
     expect(fenced.stdout).toMatch(
-      new RegExp(`-\\s+task-hostkey-${RUN}\\s+unconfirmed\\s+ssh: .*Host key verification failed`),
+      new RegExp(`-\\s+task-hostkey-${RUN}\\s+ssh\\s+unconfirmed\\s+ssh: .*Host key verification failed`),
+    );
+    expect(fenced.stdout).toMatch(
+      new RegExp(`\\nhost: root@127\\.0\\.0\\.1:${sshPort}: ssh: .*Host key verification failed`),
     );
     expect(fenced.stdout).toContain(`NOT confirmed: 1 result(s) via ssh on root@127.0.0.1:${sshPort}`);
     // Unconfirmed, and really still there.
     expect(await exists(target.id)).toBe(true);
     await testDocker().getContainer(target.id).remove({ force: true });
+  });
+});
+
+describe("taskshim fence --local: labels cannot steer the listing", () => {
+  it("O8: a task-id label holding a newline and another container's id: --all removes the labelled container and leaves the other", async () => {
+    const victim = await taskContainer("", { taskLabel: false });
+    const name = `tst-fence-${RUN}-${randomBytes(3).toString("hex")}`;
+    // The rows the tab-separated listing would have read: this container's, then the victim's.
+    const crafted = `x\n${victim.id}\t${victim.name}\ttask-victim-${RUN}`;
+    const labelled = await testDocker().createContainer({
+      name,
+      Image: images.busybox,
+      Cmd: ["sleep", "300"],
+      Labels: { [TEST_LABEL]: "1", [FENCE_LABEL]: RUN, [LABEL_IS_TASK]: "true", [LABEL_TASK_ID]: crafted },
+    });
+    await labelled.start();
+    const fenced = await runFence(["--local", "--all", "--label", `${FENCE_LABEL}=${RUN}`, "--json"]);
+    expect(fenced.stderr).toBe("");
+    expect(fenced.code).toBe(0);
+    const report = JSON.parse(fenced.stdout) as FenceReport;
+    expect(report).toMatchObject({ via: "local", confirmed: true, error: null });
+    expect(report.results).toEqual([
+      {
+        container: name,
+        task_id: crafted,
+        outcome: "removed",
+        reason: null,
+        via: "local",
+        evidence: { elapsed_ms: expect.any(Number) as number, container_id: labelled.id },
+      },
+    ]);
+    expect(await exists(labelled.id)).toBe(false);
+    expect(await exists(victim.id)).toBe(true);
+    expect((await testDocker().getContainer(victim.id).inspect()).State.Running).toBe(true);
+    await testDocker().getContainer(victim.id).remove({ force: true });
+  });
+});
+
+describe("taskshim fence: a host that cannot be listed", () => {
+  it("O9: --all on a host whose ssh is refused gives the reason: a host-level error in the JSON, a table line and stderr", async () => {
+    const closed = await freePort();
+    const target = `root@127.0.0.1:${closed}`;
+    const json = await runFence([
+      "--ssh",
+      target,
+      "--identity",
+      join(sshDir, "client_key"),
+      "--all",
+      "--json",
+    ]);
+    expect(json.code).toBe(1);
+    const report = JSON.parse(json.stdout) as FenceReport;
+    expect(report).toEqual({
+      host: target,
+      via: "ssh",
+      confirmed: false,
+      error: {
+        reason: "ssh",
+        detail: expect.stringMatching(
+          /^listing the task containers: exit status 255: ssh: connect to host 127\.0\.0\.1 port \d+: Connection refused$/,
+        ) as unknown,
+        evidence: { code: 255, stderr: expect.stringContaining("Connection refused") as unknown },
+      },
+      results: [],
+    });
+    expect(json.stderr).toBe(
+      `taskshim: fence: NOT confirmed: ${target}: ssh: ${report.error?.detail ?? ""}\n`,
+    );
+    const table = await runFence(["--ssh", target, "--identity", join(sshDir, "client_key"), "--all"]);
+    expect(table.code).toBe(1);
+    expect(table.stdout).toContain(`\nhost: ${target}: ssh: listing the task containers: exit status 255:`);
+    expect(table.stdout).toContain(`NOT confirmed: 0 result(s) via ssh on ${target}`);
   });
 });
 
@@ -291,27 +385,35 @@ describe("taskshim fence: a host that accepts and never speaks", () => {
     expect(fenced.ms).toBeGreaterThanOrEqual(2_000);
     expect(fenced.ms).toBeLessThan(6_000);
     const report = JSON.parse(fenced.stdout) as FenceReport;
+    const cleanup = expect.objectContaining({
+      trigger: "deadline",
+      kill_attempted: true,
+      verified: true,
+      error: null,
+    }) as unknown;
+    const detail = expect.stringMatching(
+      /^listing the task containers: deadline exceeded after \d+ ms$/,
+    ) as unknown;
     expect(report).toEqual({
       host: `127.0.0.1:${port}`,
       via: "ssh",
       confirmed: false,
+      error: {
+        reason: "deadline",
+        detail,
+        evidence: { operation_elapsed_ms: expect.any(Number) as number, cleanup },
+      },
       results: [
         {
           container: null,
           task_id: `task-silent-${RUN}`,
           outcome: "unconfirmed",
           reason: "deadline",
+          via: "ssh",
           evidence: {
             operation_elapsed_ms: expect.any(Number) as number,
-            detail: expect.stringMatching(
-              /^listing the task containers: deadline exceeded after \d+ ms$/,
-            ) as unknown,
-            cleanup: expect.objectContaining({
-              trigger: "deadline",
-              kill_attempted: true,
-              verified: true,
-              error: null,
-            }) as unknown,
+            detail,
+            cleanup,
           },
         },
       ],
@@ -355,12 +457,14 @@ describe("taskshim fence --shim: the shim's API, and SSH when it does not answer
       host: `127.0.0.1:${shim.port}`,
       via: "api",
       confirmed: true,
+      error: null,
       results: [
         {
           container: task.container,
           task_id: task.id,
           outcome: "removed",
           reason: null,
+          via: "api",
           evidence: {
             elapsed_ms: expect.any(Number) as number,
             steps: ["terminate: terminated", "remove: ok", "confirm: 404"],
@@ -370,6 +474,93 @@ describe("taskshim fence --shim: the shim's API, and SSH when it does not answer
     });
     expect((await shim.request("GET", `/api/tasks/${task.id}`)).status).toBe(404);
     expect(await exists(task.container)).toBe(false);
+  });
+
+  it("O7: a shim on a replaced home answers 404 for a running task: unconfirmed alone, removed through SSH when given; --all lists the engine too", async () => {
+    const task = await runningTask();
+    // A shim restarted on a wiped or replaced home: same engine, no knowledge of the task.
+    const replaced = await ShimProcess.start();
+    try {
+      const alone = await runFence(["--shim", replaced.url, "--task", task.id, "--json"]);
+      expect(alone.code).toBe(1);
+      const aloneReport = JSON.parse(alone.stdout) as FenceReport;
+      expect(aloneReport).toMatchObject({ via: "api", confirmed: false, error: null });
+      expect(aloneReport.results).toEqual([
+        expect.objectContaining({
+          container: null,
+          task_id: task.id,
+          outcome: "unconfirmed",
+          reason: "unknown_to_shim",
+          via: "api",
+        }),
+      ]);
+      expect((await testDocker().getContainer(task.container).inspect()).State.Running).toBe(true);
+
+      // --all through the replaced shim alone: it lists nothing, and says the engine was not listed.
+      const all = await runFence(["--shim", replaced.url, "--all", "--json"]);
+      expect(all.code).toBe(1);
+      expect(JSON.parse(all.stdout)).toMatchObject({
+        via: "api",
+        confirmed: false,
+        error: { reason: "engine_not_listed" },
+        results: [],
+      });
+      expect(all.stderr).toContain("taskshim: fence: NOT confirmed: ");
+      expect(await exists(task.container)).toBe(true);
+
+      const fenced = await runFence(["--shim", replaced.url, ...sshFlags(), "--task", task.id, "--json"]);
+      expect(fenced.code).toBe(0);
+      const report = JSON.parse(fenced.stdout) as FenceReport;
+      expect(report).toMatchObject({
+        host: `root@127.0.0.1:${sshPort}`,
+        via: "ssh",
+        confirmed: true,
+        error: null,
+      });
+      expect(report.results).toEqual([
+        {
+          container: task.container,
+          task_id: task.id,
+          outcome: "removed",
+          reason: null,
+          via: "ssh",
+          evidence: {
+            elapsed_ms: expect.any(Number) as number,
+            container_id: expect.stringMatching(/^[0-9a-f]{64}$/) as unknown,
+            shim: expect.stringMatching(/^unknown_to_shim: /) as unknown,
+          },
+        },
+      ]);
+      expect(await exists(task.container)).toBe(false);
+
+      // --all through the replaced shim and SSH: the engine's listing finds what the shim does not know.
+      const other = await runningTask();
+      const owner = (await readFile(join(shim.home, ".taskshim-home-id"), "utf8")).trim();
+      const swept = await runFence([
+        "--shim",
+        replaced.url,
+        ...sshFlags(),
+        "--all",
+        "--label",
+        `ai.dstack.taskshim.owner=${owner}`,
+        "--json",
+      ]);
+      expect(swept.code).toBe(0);
+      const sweptReport = JSON.parse(swept.stdout) as FenceReport;
+      expect(sweptReport).toMatchObject({ via: "ssh", confirmed: true, error: null });
+      expect(sweptReport.results).toEqual([
+        expect.objectContaining({
+          container: other.container,
+          task_id: other.id,
+          outcome: "removed",
+          via: "ssh",
+        }),
+      ]);
+      expect(await exists(other.container)).toBe(false);
+    } finally {
+      await replaced.stop();
+      await rm(replaced.home, { recursive: true, force: true });
+    }
   });
 
   it("falls back to SSH when the shim is stopped (SIGSTOP) and does not answer within the deadline", async () => {
@@ -386,7 +577,7 @@ describe("taskshim fence --shim: the shim's API, and SSH when it does not answer
         "3s",
         "--json",
       ]);
-      expect(fenced.code).toBe(0);
+      expect(fenced.code, fenced.stdout + fenced.stderr).toBe(0);
       // The shim had its whole deadline to answer first.
       expect(fenced.ms).toBeGreaterThanOrEqual(3_000);
       const report = JSON.parse(fenced.stdout) as FenceReport;
@@ -394,12 +585,14 @@ describe("taskshim fence --shim: the shim's API, and SSH when it does not answer
         host: `root@127.0.0.1:${sshPort}`,
         via: "ssh",
         confirmed: true,
+        error: null,
         results: [
           expect.objectContaining({
             container: task.container,
             task_id: task.id,
             outcome: "removed",
             reason: null,
+            via: "ssh",
           }),
         ],
       });
