@@ -32,6 +32,7 @@ import { shimHandoff } from "./connection-handoff.js";
 import { createLogger } from "./shim-logger.js";
 import { startHeapTrim } from "./heap-trim.js";
 import { listenTarget, type ListenTarget } from "./listen-target.js";
+import { SHUTDOWN_TIMINGS, ShutdownDeadline } from "./shutdown-deadline.js";
 import { errorMessage } from "../errors/error-message.js";
 
 /** Startup could not complete; the message is one line for the operator. */
@@ -98,14 +99,20 @@ function listenError(error: unknown, host: string, port: number): StartupError {
   );
 }
 
-/** A running shim: `stopped` settles once it has shut down. */
+/**
+ * A running shim: `stopped` settles once it has shut down, by {@link SHUTDOWN_TIMINGS}' bound at
+ * the latest; the caller then exits the process (a step left behind at the bound must not run on
+ * after the home lock is released).
+ */
 export interface RunningShim {
   readonly address: string;
   readonly stopped: Promise<void>;
-  /** Graceful (or forced) shutdown, as `POST /api/shutdown` asks. */
+  /**
+   * A graceful shutdown, as `POST /api/shutdown` and SIGINT/SIGTERM ask: one bounded path for all
+   * (src/cli/shutdown-deadline.ts). `force`, or a second request, interrupts the steps in flight
+   * at once instead of after the grace.
+   */
   shutdown(force: boolean): void;
-  /** SIGINT/SIGTERM: external commands in flight are killed, then a graceful shutdown. */
-  interrupt(): void;
 }
 
 /**
@@ -316,37 +323,57 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
     for (const id of report.resumed) runner.startInBackground(id);
     const stopHeapTrim = startHeapTrim();
 
+    let deadline: ShutdownDeadline | undefined;
     function shutdown(force: boolean): void {
       if (force) app.server.closeAllConnections();
-      if (stopping) return;
-      log.info({ force }, "shutting down; containers keep running");
+      if (stopping) {
+        // Asked again (a second signal, a forced request): no more grace.
+        deadline?.interruptNow();
+        return;
+      }
+      log.info(
+        { force, graceMs: SHUTDOWN_TIMINGS.graceMs, boundMs: SHUTDOWN_TIMINGS.boundMs },
+        "shutting down; containers keep running",
+      );
+      // One path for SIGTERM, SIGINT and POST /api/shutdown: the shutdown signal ends what can
+      // resume cheaply at once (pulls, downloads, the loops); after the grace the interruption
+      // kills the external commands in flight (their steps resume at the next start); at the bound
+      // the process exits whatever is left.
+      deadline = new ShutdownDeadline(SHUTDOWN_TIMINGS, () =>
+        interruption.abort(new Error("interrupted by the shim's shutdown")),
+      );
+      if (force) deadline.interruptNow();
+      const bounded = deadline;
       stopping = (async () => {
         shutdownController.abort(new Error("shim shutting down"));
         stopHeapTrim();
         runner.cancelPulls();
         // The API drains its open connections (up to DRAIN_TIMES) while the background jobs stop.
-        await Promise.all([
-          app.close(),
-          Promise.allSettled([loop, events, probing, checked, runner.awaitStarts(), components.settle()]),
-        ]);
+        const outcome = await bounded.wait({
+          api: app.close(),
+          reconcileLoop: loop,
+          eventStream: events,
+          storageProbe: probing,
+          componentCheck: checked,
+          starts: runner.awaitStarts(),
+          installs: components.settle(),
+        });
         stopHomeWatch();
         await lock.release();
-        log.info("shutdown complete");
+        if (outcome.kind === "deadline") {
+          log.warn(
+            { outcome: outcome.kind, elapsedMs: outcome.elapsedMs, unfinished: outcome.unfinished },
+            "shutdown bound reached; exiting with steps unfinished (the next start resumes them)",
+          );
+        }
+        log.info({ outcome: outcome.kind, elapsedMs: outcome.elapsedMs }, "shutdown complete");
         log.flush();
         // Frees shim.log's descriptor; a line logged after this is still appended (LogFileSink.close).
         logFile.close();
         resolveStopped();
       })();
     }
-    return {
-      address,
-      stopped,
-      shutdown,
-      interrupt: () => {
-        interruption.abort(new Error("interrupted"));
-        shutdown(false);
-      },
-    };
+    return { address, stopped, shutdown };
   } catch (error) {
     shutdownController.abort();
     stopHomeWatch();
