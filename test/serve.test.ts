@@ -1,8 +1,11 @@
+import { chmod, mkdir, readFile, rm, symlink, writeFile } from "node:fs/promises";
 import { createServer, type Server } from "node:net";
+import { join } from "node:path";
+import { setTimeout as sleep } from "node:timers/promises";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { testDocker } from "./support/docker.js";
 import { ensureTestImages, type TestImages } from "./support/images.js";
-import { ShimProcess } from "./support/shim-process.js";
+import { ShimProcess, tempHome } from "./support/shim-process.js";
 
 let images: TestImages;
 let seq = 0;
@@ -26,6 +29,52 @@ function task(command: string[]) {
 
 async function startedAt(containerId: string): Promise<string> {
   return (await testDocker().getContainer(containerId).inspect()).State.StartedAt;
+}
+
+/**
+ * A host whose volume tools are scripts on PATH (lsblk, blkid, mkfs.ext4, mount, mountpoint,
+ * umount) over one GCP-style disk: blank until mkfs ran, and mkfs blocks while `block` exists
+ * (a slow mkfs of a large disk; it records its pid so the test knows it runs).
+ */
+async function fakeVolumeHost() {
+  const root = await tempHome("taskshim-fakevol-");
+  const bin = join(root, "bin");
+  const byId = join(root, "by-id");
+  const mountRoot = join(root, "volumes");
+  await Promise.all([mkdir(bin), mkdir(byId), mkdir(join(mountRoot, "data"), { recursive: true })]);
+  await symlink("/dev/fake-pd", join(byId, "google-pd-data"));
+  const state = (name: string): string => join(root, name);
+  const tools: Record<string, string> = {
+    lsblk: "echo 1073741824",
+    blkid: `[ -e ${state("formatted")} ] && { echo ext4; exit 0; }; exit 2`,
+    "mkfs.ext4": `echo $$ > ${state("mkfs.pid")}; while [ -e ${state("block")} ]; do sleep 0.1; done; touch ${state("formatted")}`,
+    mount: `touch ${state("mounted")}`,
+    mountpoint: `[ -e ${state("mounted")} ]`,
+    umount: `rm -f ${state("mounted")}`,
+  };
+  for (const [name, body] of Object.entries(tools)) {
+    await writeFile(join(bin, name), `#!/bin/sh\n${body}\n`);
+    await chmod(join(bin, name), 0o755);
+  }
+  return {
+    mountRoot,
+    block: state("block"),
+    formatted: state("formatted"),
+    mkfsPid: state("mkfs.pid"),
+    env: { PATH: `${bin}:${process.env.PATH ?? ""}`, TASKSHIM_DISK_BY_ID_DIR: byId },
+    volume: { backend: "gcp", name: "data", volume_id: "vol-fake", init_fs: true, device_name: "pd-data" },
+    /** Whether a mkfs is running now. */
+    async mkfsRunning(): Promise<boolean> {
+      const pid = Number(await readFile(state("mkfs.pid"), "utf8").catch(() => "0"));
+      if (pid <= 0) return false;
+      try {
+        process.kill(pid, 0);
+        return true;
+      } catch {
+        return false;
+      }
+    },
+  };
 }
 
 beforeAll(async () => {
@@ -170,6 +219,51 @@ describe("taskshim serve", () => {
     expect(await shim.stop()).toBe(0);
     expect((await testDocker().getContainer(running.container_id).inspect()).State.Running).toBe(true);
     await testDocker().getContainer(running.container_id).remove({ force: true });
+  });
+
+  it("U9 U10 POST /api/shutdown during a slow mkfs exits within the shutdown bound, and the task resumes after the restart (SIGTERM too)", async () => {
+    const host = await fakeVolumeHost();
+    const options = { args: ["--volume-mount-root", host.mountRoot], env: host.env };
+    for (const how of ["POST /api/shutdown", "SIGTERM"] as const) {
+      await writeFile(host.block, "");
+      const shim = await start(options);
+      const cfg = { ...task(["sleep", "300"]), volumes: [host.volume] };
+      await shim.submit(cfg);
+      // mkfs is reached (a blank disk, probed three times) and blocks: a 10-minute bound of its own.
+      const deadline = Date.now() + 20_000;
+      while (!(await host.mkfsRunning())) {
+        if (Date.now() > deadline) throw new Error(`mkfs never ran:\n${shim.logs}`);
+        await sleep(50);
+      }
+      const began = performance.now();
+      if (how === "SIGTERM") shim.child.kill("SIGTERM");
+      else expect((await shim.request("POST", "/api/shutdown", { force: false })).status).toBe(200);
+      expect(await shim.waitExit(30_000)).toBe(0);
+      const tookMs = performance.now() - began;
+      // The grace (5 s), the interruption, then the exit: never past the bound (20 s).
+      expect(tookMs).toBeGreaterThan(4_000);
+      expect(tookMs).toBeLessThan(20_000);
+      const lines = shim.logs.split("\n");
+      expect(lines.filter((l) => l.includes('"boundMs":20000'))).toHaveLength(1);
+      expect(lines.filter((l) => l.includes('"msg":"shutdown complete"'))).toEqual([
+        expect.stringContaining('"outcome":"interrupted"'),
+      ]);
+
+      // The start was cut by the shim's own stop: the task waits in `preparing`, never executor_error.
+      await rm(host.block);
+      const again = await start({ ...options, home: shim.home });
+      const resumed = await again.waitTask(
+        cfg.id,
+        (t) => t.status === "running" || t.status === "terminated",
+      );
+      expect(resumed).toMatchObject({ status: "running", termination_reason: "" });
+      console.log(`${how} during mkfs: exited after ${Math.round(tookMs)} ms; the task resumed to running`);
+      await again.terminate(cfg.id);
+      await again.remove(cfg.id);
+      await again.stop();
+      await rm(host.formatted, { force: true });
+      await rm(host.mkfsPid, { force: true });
+    }
   });
 
   it("finalizes an exit that happened while it was down, with the real code and logs, before serving", async () => {

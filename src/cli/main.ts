@@ -23,10 +23,12 @@ async function serve(flags: ServeFlags): Promise<void> {
   // otherwise slow every client command down.
   const { startShim } = await import("./serve.js");
   const shim = await startShim(config);
-  const onSignal = (): void => shim.interrupt();
-  process.once("SIGINT", onSignal);
-  process.once("SIGTERM", onSignal);
+  // The same bounded shutdown as POST /api/shutdown; a second signal skips the grace.
+  const onSignal = (): void => shim.shutdown(false);
+  process.on("SIGINT", onSignal);
+  process.on("SIGTERM", onSignal);
   await shim.stopped;
+  // Ends what the bound left behind too (a read stuck in the kernel, a step that ignored its signal).
   process.exit(0);
 }
 
