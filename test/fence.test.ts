@@ -574,12 +574,12 @@ describe("taskshim fence --shim: the shim's API, and SSH when it does not answer
         "--task",
         task.id,
         "--deadline",
-        "3s",
+        "5s",
         "--json",
       ]);
       expect(fenced.code, fenced.stdout + fenced.stderr).toBe(0);
       // The shim had its whole deadline to answer first.
-      expect(fenced.ms).toBeGreaterThanOrEqual(3_000);
+      expect(fenced.ms).toBeGreaterThanOrEqual(5_000);
       const report = JSON.parse(fenced.stdout) as FenceReport;
       expect(report).toEqual({
         host: `root@127.0.0.1:${sshPort}`,
