@@ -2,12 +2,8 @@ import { mkdtemp, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
-import {
-  CommandLaunchError,
-  type BoundedOutcome,
-  type CommandRequest,
-  type CommandRunner,
-} from "../exec/run-bounded.js";
+import { EXPIRED, exited, ScriptedCommands } from "../testing/fake-command-runner.js";
+import { CommandLaunchError, type BoundedOutcome } from "../exec/run-bounded.js";
 import {
   GpuDetectionError,
   GpuFixtureError,
@@ -19,32 +15,6 @@ import {
 } from "./gpu-inventory.js";
 import { thrown } from "../testing/thrown.js";
 
-class FakeCommands implements CommandRunner {
-  readonly calls: CommandRequest[] = [];
-  constructor(private readonly script: (argv: readonly string[]) => BoundedOutcome | Error) {}
-  run(request: CommandRequest): Promise<BoundedOutcome> {
-    this.calls.push(request);
-    const result = this.script(request.argv);
-    return result instanceof Error ? Promise.reject(result) : Promise.resolve(result);
-  }
-  argvs(): string[] {
-    return this.calls.map((call) => call.argv.join(" "));
-  }
-}
-
-const exited = (code: number, stdout = "", stderr = ""): BoundedOutcome => ({
-  kind: "exited",
-  code,
-  signal: null,
-  stdout: Buffer.from(stdout),
-  stderr: Buffer.from(stderr),
-});
-const expired: BoundedOutcome = {
-  kind: "expired",
-  kill: { ok: true },
-  operationElapsedMs: 10_000,
-  cleanup: null,
-};
 const missing = () => new CommandLaunchError("cannot start: ENOENT");
 
 const NVIDIA_SMI = [
@@ -133,12 +103,12 @@ describe("parseAmdSmiStatic", () => {
 });
 
 describe("detectGpus on a host", () => {
-  const expectBounded = (commands: FakeCommands) => {
+  const expectBounded = (commands: ScriptedCommands) => {
     for (const call of commands.calls) expect(call.bound?.remainingMs()).toBeGreaterThan(0);
   };
 
   it("uses nvidia-smi when it reports GPUs, under a deadline", async () => {
-    const commands = new FakeCommands(() => exited(0, NVIDIA_SMI));
+    const commands = new ScriptedCommands(() => exited(0, NVIDIA_SMI));
     const inventory = await detectGpus(commands);
     expect(inventory.vendor).toBe("nvidia");
     expect(inventory.gpus.map((gpu) => gpu.index)).toEqual([0, 1]);
@@ -149,13 +119,13 @@ describe("detectGpus on a host", () => {
   });
 
   it("runs no tool that is not installed (none: vendor none without a command; amd-smi only: only it)", async () => {
-    const none = new FakeCommands(() => exited(0, NVIDIA_SMI));
+    const none = new ScriptedCommands(() => exited(0, NVIDIA_SMI));
     expect(await detectGpus(none, { installed: () => Promise.resolve(false) })).toEqual({
       vendor: "none",
       gpus: [],
     });
     expect(none.calls).toHaveLength(0);
-    const amdOnly = new FakeCommands(() => exited(0, "not json"));
+    const amdOnly = new ScriptedCommands(() => exited(0, "not json"));
     await detectGpus(amdOnly, {
       installed: (tool) => Promise.resolve(tool === "amd-smi"),
       log: () => undefined,
@@ -166,7 +136,7 @@ describe("detectGpus on a host", () => {
 
   it("asks about each tool by its own name (nvidia-smi only: only it runs)", async () => {
     const asked: string[] = [];
-    const nvidiaOnly = new FakeCommands(() => exited(0, NVIDIA_SMI));
+    const nvidiaOnly = new ScriptedCommands(() => exited(0, NVIDIA_SMI));
     const inventory = await detectGpus(nvidiaOnly, {
       installed: (tool) => {
         asked.push(tool);
@@ -179,7 +149,7 @@ describe("detectGpus on a host", () => {
   });
 
   it("falls back to amd-smi and resolves render nodes by BDF", async () => {
-    const commands = new FakeCommands((argv) =>
+    const commands = new ScriptedCommands((argv) =>
       argv[0] === "nvidia-smi" ? missing() : exited(0, AMD_SMI_ROCM6),
     );
     const nodes: Record<string, string> = {
@@ -215,7 +185,7 @@ describe("detectGpus on a host", () => {
   });
 
   it("retries amd-smi without --driver when it exits non-zero, and skips unresolvable GPUs", async () => {
-    const commands = new FakeCommands((argv) => {
+    const commands = new ScriptedCommands((argv) => {
       if (argv[0] === "nvidia-smi") return missing();
       return argv.includes("--driver") ? exited(2, "", "unrecognized --driver") : exited(0, AMD_SMI_ROCM6);
     });
@@ -234,26 +204,26 @@ describe("detectGpus on a host", () => {
   });
 
   it("reports vendor none when neither tool is installed", async () => {
-    const commands = new FakeCommands(() => missing());
+    const commands = new ScriptedCommands(() => missing());
     await expect(detectGpus(commands)).resolves.toEqual({ vendor: "none", gpus: [] });
   });
 
   it("reports vendor none when nvidia-smi lists no GPU and amd-smi is missing", async () => {
-    const commands = new FakeCommands((argv) => (argv[0] === "nvidia-smi" ? exited(0, "") : missing()));
+    const commands = new ScriptedCommands((argv) => (argv[0] === "nvidia-smi" ? exited(0, "") : missing()));
     await expect(detectGpus(commands)).resolves.toEqual({ vendor: "none", gpus: [] });
   });
 
   it("logs a failing or wedged tool and carries on without its GPUs", async () => {
     const logged: string[] = [];
     const log = (msg: string, fields?: object) => logged.push(`${msg} ${JSON.stringify(fields)}`);
-    const failing = new FakeCommands((argv) =>
+    const failing = new ScriptedCommands((argv) =>
       argv[0] === "nvidia-smi" ? exited(9, "", "couldn't communicate with the NVIDIA driver") : missing(),
     );
     await expect(detectGpus(failing, { log })).resolves.toEqual({ vendor: "none", gpus: [] });
     expect(logged).toEqual([expect.stringMatching(/nvidia-smi failed.*NVIDIA driver/)]);
 
-    const wedgedNvidia = new FakeCommands((argv) =>
-      argv[0] === "nvidia-smi" ? expired : exited(0, AMD_SMI_ROCM6),
+    const wedgedNvidia = new ScriptedCommands((argv) =>
+      argv[0] === "nvidia-smi" ? EXPIRED : exited(0, AMD_SMI_ROCM6),
     );
     const amd = await detectGpus(wedgedNvidia, {
       log,
@@ -262,12 +232,12 @@ describe("detectGpus on a host", () => {
     expect(amd.vendor).toBe("amd");
 
     logged.length = 0;
-    const wedgedAmd = new FakeCommands((argv) => (argv[0] === "nvidia-smi" ? missing() : expired));
+    const wedgedAmd = new ScriptedCommands((argv) => (argv[0] === "nvidia-smi" ? missing() : EXPIRED));
     await expect(detectGpus(wedgedAmd, { log })).resolves.toEqual({ vendor: "none", gpus: [] });
     expect(logged).toEqual([expect.stringMatching(/amd-smi failed.*deadline exceeded/)]);
     expect(wedgedAmd.calls).toHaveLength(2);
 
-    const garbled = new FakeCommands(() => exited(0, "garbage"));
+    const garbled = new ScriptedCommands(() => exited(0, "garbage"));
     await expect(detectGpus(garbled)).resolves.toEqual({ vendor: "none", gpus: [] });
   });
 });
@@ -285,7 +255,7 @@ describe("detectGpus with a fixture", () => {
     await writeFile(path, typeof content === "string" ? content : JSON.stringify(content));
     return path;
   };
-  const neverRun = new FakeCommands(() => new Error("the fixture must not run commands"));
+  const neverRun = new ScriptedCommands(() => new Error("the fixture must not run commands"));
 
   it("describes AMD GPUs whose nodes map to host device nodes", async () => {
     const path = await fixture({
@@ -497,11 +467,11 @@ describe("GPU detection, word for word", () => {
 
 describe("detectGpus on an AMD host, word for word", () => {
   const amdOnly = (stdoutWithDriver: BoundedOutcome) =>
-    new FakeCommands((argv) => (argv[0] === "nvidia-smi" ? missing() : stdoutWithDriver));
+    new ScriptedCommands((argv) => (argv[0] === "nvidia-smi" ? missing() : stdoutWithDriver));
 
   it("logs the amd-smi call with --driver that hung, and does not retry it", async () => {
     const logs: [string, object | undefined][] = [];
-    const commands = amdOnly(expired);
+    const commands = amdOnly(EXPIRED);
     await detectGpus(commands, { log: (msg, fields) => logs.push([msg, fields]) });
     expect(logs).toEqual([
       [

@@ -3,12 +3,8 @@ import { chmod, mkdir, mkdtemp, rm, stat, symlink, writeFile } from "node:fs/pro
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
-import {
-  CommandFailedError,
-  type BoundedOutcome,
-  type CommandRequest,
-  type CommandRunner,
-} from "../exec/run-bounded.js";
+import { EXPIRED, exited, ScriptedCommands } from "../testing/fake-command-runner.js";
+import { CommandFailedError, type BoundedOutcome, type CommandRunner } from "../exec/run-bounded.js";
 import {
   HostVolumes,
   InvalidInstancePathError,
@@ -23,32 +19,6 @@ import {
 } from "./volumes.js";
 
 type Script = (argv: readonly string[]) => BoundedOutcome;
-
-class FakeCommands implements CommandRunner {
-  readonly calls: CommandRequest[] = [];
-  constructor(private readonly script: Script) {}
-  run(request: CommandRequest): Promise<BoundedOutcome> {
-    this.calls.push(request);
-    return Promise.resolve(this.script(request.argv));
-  }
-  argvs(): string[] {
-    return this.calls.map((call) => call.argv.join(" "));
-  }
-}
-
-const exited = (code: number, stdout = "", stderr = ""): BoundedOutcome => ({
-  kind: "exited",
-  code,
-  signal: null,
-  stdout: Buffer.from(stdout),
-  stderr: Buffer.from(stderr),
-});
-const expired: BoundedOutcome = {
-  kind: "expired",
-  kill: { ok: true },
-  operationElapsedMs: 10_000,
-  cleanup: null,
-};
 
 const FAST: Partial<VolumeTimings> = {
   awsResolveMs: 1_000,
@@ -112,14 +82,14 @@ describe("HostVolumes", () => {
     device_name: "pd-data",
     ...overrides,
   });
-  const expectAllBounded = (commands: FakeCommands) => {
+  const expectAllBounded = (commands: ScriptedCommands) => {
     expect(commands.calls.length).toBeGreaterThan(0);
     for (const call of commands.calls) expect(call.bound?.remainingMs()).toBeGreaterThan(0);
   };
 
   describe("mountPointOf", () => {
     it("puts a volume under the mount root", () => {
-      expect(new HostVolumes(new FakeCommands(host({}))).mountPointOf("data-1")).toBe(
+      expect(new HostVolumes(new ScriptedCommands(host({}))).mountPointOf("data-1")).toBe(
         "/mnt/disks/dstack-volumes/data-1",
       );
     });
@@ -127,7 +97,9 @@ describe("HostVolumes", () => {
     it.each(["", ".", "..", "a/b", "/abs", "a..b", "x\u0000y", "new\nline", "v".repeat(129)])(
       "rejects %j",
       (name) => {
-        expect(() => volumes(new FakeCommands(host({}))).mountPointOf(name)).toThrow(InvalidVolumeNameError);
+        expect(() => volumes(new ScriptedCommands(host({}))).mountPointOf(name)).toThrow(
+          InvalidVolumeNameError,
+        );
       },
     );
   });
@@ -135,7 +107,7 @@ describe("HostVolumes", () => {
   describe("prepareVolumes", () => {
     it("formats a blank GCP disk only after re-probing it, mounts it and opens its root", async () => {
       await symlink("../../sdb", join(byId, "google-pd-data"));
-      const commands = new FakeCommands(host({}));
+      const commands = new ScriptedCommands(host({}));
       const mounted: number[] = [];
       await volumes(commands).prepareVolumes([gcp()], (index) => {
         mounted.push(index);
@@ -158,7 +130,7 @@ describe("HostVolumes", () => {
     it("prefers the GCP first-partition link and never formats a disk with a file system", async () => {
       await symlink("/dev/sdc", join(byId, "google-pd-data"));
       await symlink("/dev/sdc1", join(byId, "google-pd-data-part1"));
-      const commands = new FakeCommands(host({ blkid: () => exited(0, "xfs\n") }));
+      const commands = new ScriptedCommands(host({ blkid: () => exited(0, "xfs\n") }));
       await volumes(commands).prepareVolumes([gcp()]);
       expect(commands.argvs()).toContain(`mount /dev/sdc1 ${join(mountRoot, "data")}`);
       expect(commands.argvs().some((argv) => argv.startsWith("mkfs"))).toBe(false);
@@ -168,7 +140,7 @@ describe("HostVolumes", () => {
     it("believes a file system that appears on a re-probe", async () => {
       await symlink("/dev/sdb", join(byId, "google-pd-data"));
       let probes = 0;
-      const commands = new FakeCommands(
+      const commands = new ScriptedCommands(
         host({ blkid: () => (++probes < 3 ? exited(2) : exited(0, "ext4\n")) }),
       );
       await volumes(commands).prepareVolumes([gcp()]);
@@ -178,7 +150,7 @@ describe("HostVolumes", () => {
 
     it("fails on a blank disk when it may not format it", async () => {
       await symlink("/dev/sdb", join(byId, "google-pd-data"));
-      const commands = new FakeCommands(host({}));
+      const commands = new ScriptedCommands(host({}));
       const error = await volumes(commands)
         .prepareVolumes([gcp({ init_fs: false })])
         .catch((e: unknown) => e);
@@ -190,9 +162,9 @@ describe("HostVolumes", () => {
 
     it("refuses a disk with a signature that is not a file system, or a failed probe", async () => {
       await symlink("/dev/sdb", join(byId, "google-pd-data"));
-      const partitioned = new FakeCommands(host({ blkid: () => exited(0, "") }));
+      const partitioned = new ScriptedCommands(host({ blkid: () => exited(0, "") }));
       await expect(volumes(partitioned).prepareVolumes([gcp()])).rejects.toThrow(/non-filesystem signature/);
-      const broken = new FakeCommands(host({ blkid: () => exited(4, "", "I/O error") }));
+      const broken = new ScriptedCommands(host({ blkid: () => exited(4, "", "I/O error") }));
       await expect(volumes(broken).prepareVolumes([gcp()])).rejects.toThrow(/I\/O error/);
       for (const commands of [partitioned, broken]) {
         expect(commands.argvs().some((argv) => argv.startsWith("mkfs"))).toBe(false);
@@ -200,7 +172,7 @@ describe("HostVolumes", () => {
     });
 
     it.each([
-      ["timed out", () => expired],
+      ["timed out", () => EXPIRED],
       [
         "interrupted",
         (): BoundedOutcome => ({
@@ -235,7 +207,7 @@ describe("HostVolumes", () => {
         // First probe: the failure itself. Then: blank twice, and the failure on the last re-probe.
         for (const failOn of [1, 3]) {
           let probes = 0;
-          const commands = new FakeCommands(
+          const commands = new ScriptedCommands(
             host({ blkid: () => (++probes === failOn ? outcome() : exited(2)) }),
           );
           const error = await volumes(commands)
@@ -253,7 +225,7 @@ describe("HostVolumes", () => {
 
     it("waits a bounded time for a non-empty block device", async () => {
       await symlink("/dev/sdb", join(byId, "google-pd-data"));
-      const commands = new FakeCommands(host({ size: "0" }));
+      const commands = new ScriptedCommands(host({ size: "0" }));
       await expect(volumes(commands).prepareVolumes([gcp()])).rejects.toThrow(
         /not a ready non-empty block device/,
       );
@@ -261,7 +233,7 @@ describe("HostVolumes", () => {
     });
 
     it("fails when GCP has no link for the disk, or the device name is not plain", async () => {
-      const commands = new FakeCommands(host({}));
+      const commands = new ScriptedCommands(host({}));
       await expect(volumes(commands).prepareVolumes([gcp()])).rejects.toThrow(/no \/dev\/disk\/by-id link/);
       await expect(volumes(commands).prepareVolumes([gcp({ device_name: "/dev/sdv" })])).rejects.toThrow(
         /invalid GCP device name/,
@@ -270,7 +242,7 @@ describe("HostVolumes", () => {
 
     it("skips a volume that is already mounted, and still reports it", async () => {
       const mp = join(mountRoot, "data");
-      const commands = new FakeCommands(host({ mounted: new Set([mp]) }));
+      const commands = new ScriptedCommands(host({ mounted: new Set([mp]) }));
       const mounted: number[] = [];
       await volumes(commands).prepareVolumes([gcp()], (index) => {
         mounted.push(index);
@@ -281,7 +253,7 @@ describe("HostVolumes", () => {
     });
 
     it("does not guess when mountpoint gives no answer", async () => {
-      const commands = new FakeCommands(() => expired);
+      const commands = new ScriptedCommands(() => EXPIRED);
       const error = await volumes(commands)
         .prepareVolumes([gcp()])
         .catch((e: unknown) => e);
@@ -291,7 +263,7 @@ describe("HostVolumes", () => {
 
     it("finds an AWS volume by its NVMe serial once it appears, and uses its first partition", async () => {
       let listings = 0;
-      const commands = new FakeCommands(
+      const commands = new ScriptedCommands(
         host({
           serials: () =>
             ++listings < 3 ? "nvme0n1 vol0aaaa\n" : "nvme0n1 vol0aaaa\nnvme1n1 vol0123456789abcdef0\n",
@@ -315,7 +287,7 @@ describe("HostVolumes", () => {
     });
 
     it("gives up on an AWS volume that never appears", async () => {
-      const commands = new FakeCommands(host({ serials: () => "nvme0n1 vol0aaaa\n" }));
+      const commands = new ScriptedCommands(host({ serials: () => "nvme0n1 vol0aaaa\n" }));
       const started = Date.now();
       await expect(
         volumes(commands).prepareVolumes([
@@ -326,7 +298,7 @@ describe("HostVolumes", () => {
     });
 
     it("rejects unknown backends and bad names before running anything", async () => {
-      const commands = new FakeCommands(host({}));
+      const commands = new ScriptedCommands(host({}));
       await expect(volumes(commands).prepareVolumes([gcp({ backend: "azure" })])).rejects.toThrow(
         /unsupported volume backend/,
       );
@@ -339,7 +311,7 @@ describe("HostVolumes", () => {
 
     it("stops at the first failure, leaving earlier volumes mounted", async () => {
       await symlink("/dev/sdb", join(byId, "google-pd-data"));
-      const commands = new FakeCommands(host({ blkid: () => exited(0, "ext4\n") }));
+      const commands = new ScriptedCommands(host({ blkid: () => exited(0, "ext4\n") }));
       const mounted: number[] = [];
       await expect(
         volumes(commands).prepareVolumes(
@@ -357,7 +329,7 @@ describe("HostVolumes", () => {
   describe("unmountVolumes", () => {
     it("unmounts only mounted volumes and reports every failure at once", async () => {
       const [a, b, c] = ["a", "b", "c"].map((name) => join(mountRoot, name));
-      const commands = new FakeCommands(
+      const commands = new ScriptedCommands(
         host({ mounted: new Set([a ?? "", c ?? ""]), failUmount: new Set([a ?? ""]) }),
       );
       const error = await volumes(commands)
@@ -377,8 +349,8 @@ describe("HostVolumes", () => {
     });
 
     it("is a no-op when nothing is mounted, and treats an unanswered check as a failure", async () => {
-      await expect(volumes(new FakeCommands(host({}))).unmountVolumes([gcp()])).resolves.toBeUndefined();
-      const commands = new FakeCommands(() => expired);
+      await expect(volumes(new ScriptedCommands(host({}))).unmountVolumes([gcp()])).resolves.toBeUndefined();
+      const commands = new ScriptedCommands(() => EXPIRED);
       await expect(volumes(commands).unmountVolumes([gcp(), gcp({ name: "x/y" })])).rejects.toMatchObject({
         mountPoints: [join(mountRoot, "data"), "x/y"],
       });
@@ -391,7 +363,7 @@ describe("HostVolumes", () => {
       await mkdir(existing);
       await chmod(existing, 0o700);
       const created = join(root, "new", "deep", "dir");
-      await volumes(new FakeCommands(host({}))).prepareInstanceMounts([
+      await volumes(new ScriptedCommands(host({}))).prepareInstanceMounts([
         { instance_path: existing, path: "/a" },
         { instance_path: created, path: "/b" },
       ]);
@@ -402,7 +374,7 @@ describe("HostVolumes", () => {
 
     it.each(["relative/path", "/a/../b", "/a/./b", "/a//b", "", "/a\u0000b"])("rejects %j", async (path) => {
       await expect(
-        volumes(new FakeCommands(host({}))).prepareInstanceMounts([{ instance_path: path, path: "/x" }]),
+        volumes(new ScriptedCommands(host({}))).prepareInstanceMounts([{ instance_path: path, path: "/x" }]),
       ).rejects.toBeInstanceOf(InvalidInstancePathError);
     });
   });
@@ -422,7 +394,7 @@ describe("HostVolumes", () => {
 
     it("keeps each umount failure as the cause of the aggregate, in order", async () => {
       const [a, b] = ["a", "b"].map((name) => join(mountRoot, name));
-      const commands = new FakeCommands(
+      const commands = new ScriptedCommands(
         host({ mounted: new Set([a ?? "", b ?? ""]), failUmount: new Set([a ?? "", b ?? ""]) }),
       );
       const error = (await rejected(
@@ -438,7 +410,7 @@ describe("HostVolumes", () => {
       const file = join(root, "a-file");
       await writeFile(file, "");
       const error = await rejected(
-        volumes(new FakeCommands(host({}))).prepareInstanceMounts([
+        volumes(new ScriptedCommands(host({}))).prepareInstanceMounts([
           { instance_path: `${file}/sub`, path: "/x" },
         ]),
       );
@@ -454,7 +426,7 @@ describe("HostVolumes", () => {
         stdout: Buffer.alloc(0),
         stderr: Buffer.alloc(0),
       };
-      const commands = new FakeCommands(() => killed);
+      const commands = new ScriptedCommands(() => killed);
       const error = await rejected(volumes(commands).prepareVolumes([gcp()]));
       expect(error.message).toBe(
         `format and mount volume data: mountpoint -q ${join(mountRoot, "data")}: killed by SIGKILL`,
@@ -463,7 +435,7 @@ describe("HostVolumes", () => {
     });
 
     it("names a GCP volume without a device name, or with a control character in it", async () => {
-      const commands = new FakeCommands(host({}));
+      const commands = new ScriptedCommands(host({}));
       expect((await rejected(volumes(commands).prepareVolumes([gcp({ device_name: null })]))).message).toBe(
         'format and mount volume data: invalid GCP device name "" for volume vol-id',
       );
@@ -479,14 +451,14 @@ describe("HostVolumes", () => {
     it("stops at a GCP partition link it cannot read instead of taking the whole disk", async () => {
       await writeFile(join(byId, "google-pd-data-part1"), "");
       await symlink("/dev/sdb", join(byId, "google-pd-data"));
-      const commands = new FakeCommands(host({ blkid: formatted }));
+      const commands = new ScriptedCommands(host({ blkid: formatted }));
       const error = await rejected(volumes(commands).prepareVolumes([gcp()]));
       expect(error.cause).toMatchObject({ code: "EINVAL" });
       expect(commands.argvs().some((argv) => argv.startsWith("mount "))).toBe(false);
     });
 
     it("lists AWS disks by serial, then the found disk's partitions, trimming each line", async () => {
-      const commands = new FakeCommands(
+      const commands = new ScriptedCommands(
         host({ serials: () => "nvme1n1 vol0123\n", partitions: "nvme1n1 \n nvme1n1p1 \n", blkid: formatted }),
       );
       await aws(null).run(commands);
@@ -499,7 +471,7 @@ describe("HostVolumes", () => {
     });
 
     it("falls back to an existing /dev device name when no serial matches, and only a plain one", async () => {
-      const commands = new FakeCommands(host({ blkid: formatted }));
+      const commands = new ScriptedCommands(host({ blkid: formatted }));
       await aws("/dev/null").run(commands);
       expect(commands.argvs()).toContain(`mount /dev/null ${join(mountRoot, "ebs")}`);
       // Existing paths, but not a plain /dev/<name>: never used.
@@ -507,7 +479,7 @@ describe("HostVolumes", () => {
       await mkdir(join(root, "dev"));
       await writeFile(elsewhere, "");
       for (const name of [elsewhere, "/dev/fd/1", "/dev/"]) {
-        const refused = new FakeCommands(host({ blkid: formatted }));
+        const refused = new ScriptedCommands(host({ blkid: formatted }));
         const error = await rejected(aws(name, { awsResolveMs: 30 }).run(refused));
         expect(error.message, name).toBe(
           "format and mount volume ebs: volume vol-0123 not found among block devices after 30 ms",
@@ -524,7 +496,7 @@ describe("HostVolumes", () => {
       const twin = `/dev/xvd${suffix}`;
       await writeFile(twin, "");
       try {
-        const commands = new FakeCommands(host({ blkid: formatted }));
+        const commands = new ScriptedCommands(host({ blkid: formatted }));
         await aws(`/dev/sd${suffix}`).run(commands);
         expect(commands.argvs()).toContain(`mount ${twin} ${join(mountRoot, "ebs")}`);
       } finally {
@@ -534,7 +506,7 @@ describe("HostVolumes", () => {
 
     it("names why a device is not ready: its lsblk failure, or its zero size", async () => {
       await symlink("/dev/sdb", join(byId, "google-pd-data"));
-      const failing = new FakeCommands((argv) =>
+      const failing = new ScriptedCommands((argv) =>
         argv.includes("SIZE") ? exited(32, "", "not a block device") : host({})(argv),
       );
       const hv = new HostVolumes(failing, {
@@ -546,7 +518,7 @@ describe("HostVolumes", () => {
         "format and mount volume data: device /dev/sdb is not a ready non-empty block device after 20 ms: " +
           "lsblk -bdn -o SIZE /dev/sdb: exit status 32: not a block device",
       );
-      const empty = new HostVolumes(new FakeCommands(host({ size: "0" })), {
+      const empty = new HostVolumes(new ScriptedCommands(host({ size: "0" })), {
         mountRoot,
         diskByIdDir: byId,
         timings: { ...FAST, deviceReadyMs: 20 },
@@ -559,7 +531,7 @@ describe("HostVolumes", () => {
     it("polls a device that is not ready yet at the poll interval, within its deadline", async () => {
       await symlink("/dev/sdb", join(byId, "google-pd-data"));
       let sizes = 0;
-      const commands = new FakeCommands((argv) =>
+      const commands = new ScriptedCommands((argv) =>
         argv.includes("SIZE") ? exited(0, ++sizes < 3 ? "0\n" : "1024\n") : host({ blkid: formatted })(argv),
       );
       const started = Date.now();
@@ -575,7 +547,7 @@ describe("HostVolumes", () => {
 
     it("reads a blank blkid answer with only a newline as blank", async () => {
       await symlink("/dev/sdb", join(byId, "google-pd-data"));
-      const commands = new FakeCommands(host({ blkid: () => exited(2, "\n") }));
+      const commands = new ScriptedCommands(host({ blkid: () => exited(2, "\n") }));
       await volumes(commands).prepareVolumes([gcp()]);
       expect(commands.argvs()).toContain("mkfs.ext4 -F /dev/sdb");
     });
@@ -624,7 +596,7 @@ describe("volume errors, word for word", () => {
   });
 
   it("accepts a 128-character volume name and names a longer one by its first 128", () => {
-    const hv = new HostVolumes(new FakeCommands(host({})), { mountRoot: "/m" });
+    const hv = new HostVolumes(new ScriptedCommands(host({})), { mountRoot: "/m" });
     expect(hv.mountPointOf("v".repeat(128))).toBe(`/m/${"v".repeat(128)}`);
     expect(() => hv.mountPointOf("v".repeat(200))).toThrow(
       new InvalidVolumeNameError(`invalid volume name "${"v".repeat(128)}"`),
@@ -634,7 +606,7 @@ describe("volume errors, word for word", () => {
   it("names a bad instance path by its first 4096 characters", async () => {
     const long = `relative/${"p".repeat(5000)}`;
     await expect(
-      new HostVolumes(new FakeCommands(host({}))).prepareInstanceMounts([
+      new HostVolumes(new ScriptedCommands(host({}))).prepareInstanceMounts([
         { instance_path: long, path: "/x" },
       ]),
     ).rejects.toThrow(

@@ -30,3 +30,33 @@ export class FakeCommandRunner implements CommandRunner {
 export function exited(code: number, stdout = "", stderr = ""): BoundedOutcome {
   return { kind: "exited", code, signal: null, stdout: Buffer.from(stdout), stderr: Buffer.from(stderr) };
 }
+
+/**
+ * Answers every command from one script alone (what a host's tools would print): an outcome, or
+ * an error the run rejects with (a command that cannot start). Records each call.
+ */
+export class ScriptedCommands implements CommandRunner {
+  readonly calls: CommandRequest[] = [];
+  constructor(
+    private readonly script: (argv: readonly string[]) => BoundedOutcome | Error | Promise<BoundedOutcome>,
+  ) {}
+
+  run(request: CommandRequest): Promise<BoundedOutcome> {
+    this.calls.push(request);
+    const result = this.script(request.argv);
+    return result instanceof Error ? Promise.reject(result) : Promise.resolve(result);
+  }
+
+  /** Each call's argv joined by spaces, in order. */
+  argvs(): string[] {
+    return this.calls.map((call) => call.argv.join(" "));
+  }
+}
+
+/** An `expired` outcome: the bound ran out and the command was killed (cleanly). */
+export const EXPIRED: BoundedOutcome = {
+  kind: "expired",
+  kill: { ok: true },
+  operationElapsedMs: 10_000,
+  cleanup: null,
+};
