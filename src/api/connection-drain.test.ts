@@ -164,6 +164,48 @@ describe("the API's close at a restart", () => {
   });
 });
 
+describe("the API's close with requests pipelined behind a slow one", () => {
+  it("R11 answers every request already executed: the close follows the last queued answer, not the one in progress", async () => {
+    const { task } = await env.seedTask();
+    let release!: () => void;
+    const slow = new Promise<void>((resolve) => (release = resolve));
+    env.docker.onNext("containerLogTail", () => slow);
+    const app = buildTestApi(env, { drainTimes: { idleGraceMs: 50, deadlineMs: 5_000 } });
+    await app.listen({ host: "127.0.0.1", port: 0 });
+    const socket = connect((app.server.address() as { port: number }).port, "127.0.0.1");
+    await new Promise((resolve) => socket.once("connect", resolve));
+    let text = "";
+    socket.on("data", (chunk: Buffer) => (text += chunk.toString("latin1")));
+    socket.on("error", () => undefined);
+    const closed = new Promise((resolve) => socket.once("close", resolve));
+    const ids = [1, 2, 3, 4, 5].map((n) => `pipelined-${n}`);
+    socket.write(
+      `GET /api/tasks/${task.id}/logs HTTP/1.1\r\nHost: x\r\n\r\n` +
+        ids
+          .map((id) => {
+            const body = JSON.stringify({ id, name: id, image_name: "busybox", command: ["true"] });
+            return (
+              `POST /api/tasks HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n` +
+              `Content-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`
+            );
+          })
+          .join(""),
+    );
+    // Node runs the handlers of the pipelined submits at once; their answers wait for the logs'.
+    await waitFor(() => ids.every((id) => env.ctx.store.get(id) !== undefined), { what: "the submits" });
+    const closing = app.close();
+    await sleep(100);
+    release();
+    await closed;
+    await closing;
+    const statuses = [...text.matchAll(/HTTP\/1\.1 (\d{3}) /g)].map((m) => Number(m[1]));
+    expect(statuses).toEqual([200, 200, 200, 200, 200, 200]);
+    // Only the last answer closes the connection.
+    expect(text.match(/\r\nconnection: close\r\n/gi)).toHaveLength(1);
+    await env.runner.awaitStarts();
+  });
+});
+
 describe("the API's close with a handoff (the next shim takes idle connections)", () => {
   /** Records what it is given; `accept: false` declines, as when the supervisor is gone. */
   function recordingHandoff(accept = true): ConnectionHandoff & { given: Socket[] } {

@@ -16,6 +16,23 @@ export interface DrainTimes {
 
 export const DRAIN_TIMES: DrainTimes = { idleGraceMs: 250, deadlineMs: 5_000 };
 
+/** Connections this process received from the previous shim (src/cli/connection-handoff.ts). */
+const handedOver = new WeakSet<Socket>();
+
+/** Records that `socket` came from the previous shim through the handoff. */
+export function receivedByHandoff(socket: Socket): void {
+  handedOver.add(socket);
+}
+
+/**
+ * Whether `socket` came from the previous shim and nothing has been read from it since: for its
+ * client, a kept-alive connection between two requests (its parser here is new, and Node treats
+ * it as a connection whose first request is late).
+ */
+export function idleSinceHandoff(socket: Socket): boolean {
+  return handedOver.has(socket) && socket.bytesRead === 0;
+}
+
 /**
  * Where a draining server's idle connections can go instead of being closed: the next shim, under
  * `taskshim supervise` (src/cli/connection-handoff.ts).
@@ -49,8 +66,17 @@ export interface ConnectionHandoff {
  * the next shim, and what the client writes on it waits in the kernel until that shim reads it.
  */
 export class ConnectionDrain {
-  /** Every open connection (tracked per connection, not per request: nothing on the hot path). */
+  /** Every open connection (tracked per connection). */
   readonly #open = new Set<Socket>();
+  /**
+   * The newest answer of each connection (one WeakMap write per request). With pipelining, Node
+   * runs the handlers of requests queued behind a slow one at once and queues their answers: the
+   * answer in progress is not the last, and closing after it would drop answers of requests
+   * already executed.
+   */
+  readonly #newest = new WeakMap<Socket, ServerResponse>();
+  /** The answers this drain marked `Connection: close` (a later request may move the mark). */
+  readonly #marked = new WeakSet<ServerResponse>();
   #state: "serving" | "draining" | "drained" = "serving";
   #times: DrainTimes = DRAIN_TIMES;
   #finish: (() => void) | undefined;
@@ -59,6 +85,19 @@ export class ConnectionDrain {
     private readonly server: Server,
     private readonly handoff?: ConnectionHandoff,
   ) {
+    server.on("request", (request: IncomingMessage, response: ServerResponse) => {
+      const previous = this.#newest.get(request.socket);
+      this.#newest.set(request.socket, response);
+      if (this.#state === "serving") return;
+      // Pipelined behind an answer this drain marked as the last: the mark moves to this one
+      // while the earlier answer has not begun (else this one's answer is lost with the close:
+      // a read, harmless to repeat, or a change, refused unexecuted while the server drains).
+      if (previous && this.#marked.has(previous) && !previous.headersSent) {
+        previous.removeHeader("connection");
+        this.#marked.delete(previous);
+      }
+      this.#lastAnswer(response, request.socket);
+    });
     server.on("connection", (socket: Socket) => {
       this.#open.add(socket);
       socket.once("close", () => {
@@ -94,9 +133,6 @@ export class ConnectionDrain {
     // closeIdleConnections(), which is the very race this class exists to avoid. (A server that
     // does not listen, as in tests that hand it connections, has nothing to stop.)
     if (this.server.listening) NetServer.prototype.close.call(this.server);
-    this.server.on("request", (_request: IncomingMessage, response: ServerResponse) =>
-      this.#lastAnswer(response),
-    );
     const done = new Promise<void>((resolve) => (this.#finish = resolve));
     const deadline = setTimeout(() => {
       for (const socket of this.#open) socket.destroy();
@@ -105,18 +141,25 @@ export class ConnectionDrain {
     const idle = this.#betweenMessages();
     for (const socket of this.#open) {
       const response = inProgress(socket);
-      if (response) this.#lastAnswer(response);
+      // The newest answer is the last: those queued behind the one in progress are delivered.
+      const newest = this.#newest.get(socket);
+      if (response) this.#lastAnswer(newest && !newest.writableFinished ? newest : response, socket);
       else if (!this.#handOver(socket, idle)) this.#closeWhenIdle(socket);
     }
     this.#settleIfEmpty();
     return done;
   }
 
-  /** The answer in progress on a connection is its last: Node closes the connection after it. */
-  #lastAnswer(response: ServerResponse): void {
-    if (!response.headersSent) response.setHeader("connection", "close");
-    const socket = response.socket;
-    if (socket) response.once("close", () => this.#closeWhenIdle(socket));
+  /**
+   * The answer is its connection's last: Node closes the connection after it. (Already begun
+   * without the header, the connection closes once idle for the grace.)
+   */
+  #lastAnswer(response: ServerResponse, socket: Socket): void {
+    if (!response.headersSent) {
+      response.setHeader("connection", "close");
+      this.#marked.add(response);
+    }
+    response.once("close", () => this.#closeWhenIdle(socket));
   }
 
   /**
@@ -125,7 +168,8 @@ export class ConnectionDrain {
    * client wrote that is not read yet is still in the kernel and goes with the descriptor.
    */
   #handOver(socket: Socket, betweenMessages: ReadonlySet<Socket>): boolean {
-    if (!this.handoff || socket.destroyed || !betweenMessages.has(socket)) return false;
+    if (!this.handoff || socket.destroyed) return false;
+    if (!betweenMessages.has(socket) && !idleSinceHandoff(socket)) return false;
     return this.handoff.give(socket);
   }
 

@@ -20,7 +20,13 @@ import {
 import { InvalidTaskConfigError, parseTaskConfig, TaskSubmitBodySchema } from "../tasks/task-config.js";
 import { TaskNotFoundError, type TaskStore } from "../tasks/task-store.js";
 import { normalizeTerminationReason, type TerminationReason } from "../tasks/termination-reason.js";
-import { ConnectionDrain, DRAIN_TIMES, type ConnectionHandoff, type DrainTimes } from "./connection-drain.js";
+import {
+  ConnectionDrain,
+  DRAIN_TIMES,
+  idleSinceHandoff,
+  type ConnectionHandoff,
+  type DrainTimes,
+} from "./connection-drain.js";
 import { EventStreams, type EventStreamLimits } from "./event-streams.js";
 import { BODY_LIMIT_BYTES, decodeObjectBody, HttpError } from "./http-errors.js";
 import type { ShimMetrics } from "./metrics.js";
@@ -513,6 +519,11 @@ function answerClientError(error: Error & { code?: string }, socket: Socket): vo
     socket.destroy();
     return;
   }
+  // A connection the previous shim handed over is, for its client, kept alive between two
+  // requests; Node times it out as a new connection whose first request is late. A 408 would
+  // be read as the answer to the client's next request: it is left to the keep-alive timeout
+  // (connection-handoff.ts), which closes it quietly, as it would have before the restart.
+  if (error.code === "ERR_HTTP_REQUEST_TIMEOUT" && idleSinceHandoff(socket)) return;
   const [status, reason] = CLIENT_ERRORS[error.code ?? ""] ?? [400, "Bad Request"];
   const body = `${reason}\n`;
   socket.end(

@@ -1,7 +1,7 @@
 import type { ChildProcess, SendHandle } from "node:child_process";
 import type { Server } from "node:http";
 import { Socket } from "node:net";
-import type { ConnectionHandoff } from "../api/connection-drain.js";
+import { idleSinceHandoff, receivedByHandoff, type ConnectionHandoff } from "../api/connection-drain.js";
 
 /*
  * Kept-alive API connections across a restart under `taskshim supervise`.
@@ -68,12 +68,51 @@ export function shimHandoff(proc: NodeJS.Process = process): ShimHandoff | undef
     accept(server) {
       proc.on("message", (message: unknown, handle: unknown) => {
         if (!isMessage(message, "connection") || handle === undefined || handle === null) return;
-        const options = { handle, readable: true, writable: true } as ConstructorParameters<typeof Socket>[0];
-        server.emit("connection", new Socket(options));
+        serveHandedOver(server, handle as StreamHandle);
       });
       send(SERVING, undefined, {}, () => undefined);
     },
   };
+}
+
+/** What net.Server keeps of its connections (internal, stable since Node.js 0.x). */
+interface CountedServer {
+  _connections: number;
+}
+
+/**
+ * Serves a connection the previous shim handed over as net.Server serves one it accepts: refused
+ * (closed, and counted as a drop) once `maxConnections` are open, else counted among them until
+ * it closes, with the server's half-open setting. An emitted "connection" alone bypasses both.
+ * Nothing read from it since the handoff, it is idle for its client: closed quietly after the
+ * server's keep-alive timeout, as it would have been before the restart.
+ */
+export function serveHandedOver(server: Server, handle: StreamHandle): void {
+  const counted = server as unknown as CountedServer;
+  if (Number.isFinite(server.maxConnections) && counted._connections >= server.maxConnections) {
+    handle.close();
+    server.emit("drop");
+    return;
+  }
+  const options = {
+    handle,
+    readable: true,
+    writable: true,
+    allowHalfOpen: (server as Server & { allowHalfOpen?: boolean }).allowHalfOpen === true,
+  } as unknown as ConstructorParameters<typeof Socket>[0];
+  const socket = new Socket(options);
+  // As net.Server#onconnection: the socket's own destroy takes it off the count again.
+  counted._connections++;
+  Object.assign(socket, { server, _server: server });
+  receivedByHandoff(socket);
+  if (server.keepAliveTimeout > 0) {
+    const idle = setTimeout(() => {
+      if (idleSinceHandoff(socket)) socket.destroy();
+    }, server.keepAliveTimeout);
+    idle.unref();
+    socket.once("close", () => clearTimeout(idle));
+  }
+  server.emit("connection", socket);
 }
 
 /**
