@@ -46,4 +46,24 @@ describe("taskInfo: what the Task leaves out is dstack's empty value on the wire
     expect(taskInfo(terminated).exit_code).toBeNull();
     expect(taskEvent({ kind: "present", task: terminated })).toMatchObject({ exit_code: null });
   });
+
+  it("R12 hides a terminate's intent while the task is running (its container stopping), as dstack-shim shows it", () => {
+    const stopping: Task = {
+      ...newTask(config),
+      status: "running",
+      terminationReason: "terminated_by_user",
+      terminationMessage: "bye",
+      containerId: "c0ffee",
+    };
+    expect(taskInfo(stopping)).toMatchObject({
+      status: "running",
+      termination_reason: "",
+      termination_message: "",
+    });
+    expect(taskEvent({ kind: "present", task: stopping })).not.toHaveProperty("termination_reason");
+    expect(taskInfo({ ...stopping, status: "terminated" })).toMatchObject({
+      termination_reason: "terminated_by_user",
+      termination_message: "bye",
+    });
+  });
 });

@@ -34,8 +34,9 @@ export function taskInfo(task: Task): TaskInfoResponse {
   return {
     id: task.id,
     status: task.status,
-    termination_reason: task.terminationReason,
-    termination_message: task.terminationMessage,
+    // A terminate's intent on a task still running (its container stopping) is not shown yet.
+    termination_reason: task.status === "terminated" ? task.terminationReason : "",
+    termination_message: task.status === "terminated" ? task.terminationMessage : "",
     ports: task.ports ?? null,
     image_pull_progress: task.pullProgress ?? null,
     container_name: task.containerName,

@@ -191,7 +191,14 @@ export class Reconciler {
     event?: ContainerEvent,
   ): Promise<void> {
     const { docker } = this.ctx;
-    if (state === "running" || state === "paused" || state === "restarting") return;
+    if (task.terminationReason !== "") {
+      // A terminate's intent with no terminate in flight (it would hold the lock): its stop was
+      // cut by a restart, or failed. Finish it; the outcome keeps the requested reason (the
+      // store keeps the first reason), the exit code is the container's.
+      if (state !== "exited" && state !== "dead") {
+        await docker.stopContainer(task.containerId ?? task.containerName, 0, this.ctx.shutdown);
+      }
+    } else if (state === "running" || state === "paused" || state === "restarting") return;
     // The engine's `die` event carries the exit code. Exit 0 of this task's own container is
     // final as it stands (its restart policy is "no"; done_by_runner has no message, notes or
     // log lines), so it is committed without the inspect, which was most of the shim's share of
@@ -280,16 +287,18 @@ export class Reconciler {
     // a crash before the write re-derives the same status at restart, and a crash after it
     // re-runs only the (idempotent) release. Waiting for the write before showing it would add
     // the two fsyncs (p50 3-7 ms on ext4 beside the engine's own teardown writes) to every exit.
-    await this.runner.commit(task.id, (d) => {
+    const done = await this.runner.commit(task.id, (d) => {
       d.status = "terminated";
       d.terminationReason = reason;
       d.terminationMessage = message;
       d.exitCode = exitCode;
       if (finishedAt !== undefined) d.finishedAt = finishedAt;
     });
+    // A terminate's intent keeps its reason (the store keeps the first): that is the outcome.
+    const final = done.terminationReason === "" ? reason : done.terminationReason;
     this.stats.finalized++;
-    this.ctx.observer?.taskFinalized(reason);
-    this.ctx.log.info({ taskId: task.id, reason, exitCode }, "task finished");
+    this.ctx.observer?.taskFinalized(final);
+    this.ctx.log.info({ taskId: task.id, reason: final, exitCode }, "task finished");
     await this.runner.release(task.id);
   }
 

@@ -12,6 +12,7 @@ import { hostConfigFor, TWO_AMD_GPUS } from "../testing/fixtures.js";
 import { pullStream, stalledPullStream, SUCCESSFUL_PULL_LINES } from "../testing/pull-streams.js";
 import { makeContext, TEST_HOME_ID, type TestEnv } from "../testing/test-context.js";
 import { waitFor } from "../testing/wait-for.js";
+import { armFailpoints } from "./failpoints.js";
 import { ContainerOwnership } from "./ownership.js";
 import { REGISTRY_AUTH_FILE } from "./registry-auth-file.js";
 import { recoveredVolumes, restoreTasks } from "./restore.js";
@@ -25,6 +26,7 @@ beforeEach(async () => {
   env = await makeContext();
 });
 afterEach(async () => {
+  armFailpoints(undefined);
   for (const extra of extraEnvs.splice(0)) await extra.dispose();
   await env.dispose();
 });
@@ -151,6 +153,57 @@ describe("restoreTasks", () => {
       cleanedUp: true,
     });
     expect(next.ctx.gpuLock.lockedIds()).toEqual([]);
+  });
+
+  it("R12 a terminate's intent cut by a crash (running beside a reason): restored running with its GPUs, the reconciler stops it and ends it with the requested reason", async () => {
+    const task = await env.submitAndStart({ gpu: 2 });
+    // The first shim recorded the intent and died before its stop (kill at after-terminate-intent).
+    env.docker.hangNext("stopContainer");
+    void env.runner.terminate(task.id, 30, "terminated_by_user", "stop it").catch(() => undefined);
+    await waitFor(() => env.docker.count("stopContainer") === 1);
+    expect([readState(task.taskDir).status, readState(task.taskDir).termination_reason]).toEqual([
+      "running",
+      "terminated_by_user",
+    ]);
+    const next = await restart();
+    const report = await restoreTasks(next.ctx);
+    expect(report.changed).not.toContain(task.id);
+    expect(next.ctx.store.mustGet(task.id)).toMatchObject({
+      status: "running",
+      terminationReason: "terminated_by_user",
+    });
+    expect(next.ctx.gpuLock.lockedIds()).toEqual(BOTH_GPUS);
+    await next.reconciler.tick();
+    expect(env.docker.mustFind(task.containerId!).state).toBe("exited");
+    expect(next.ctx.store.mustGet(task.id)).toMatchObject({
+      status: "terminated",
+      terminationReason: "terminated_by_user",
+      terminationMessage: "stop it",
+      exitCode: 137,
+      cleanedUp: true,
+    });
+    expect(next.ctx.gpuLock.lockedIds()).toEqual([]);
+  });
+
+  it("R12 a terminate's intent whose container stopped before the crash: ended at the first tick with the requested reason, the exit code the container's", async () => {
+    const task = await env.submitAndStart();
+    armFailpoints("after-stop-before-persist=1*error(boom)");
+    await expect(env.runner.terminate(task.id, 10, "terminated_by_server", "gone")).rejects.toThrow("boom");
+    expect(readState(task.taskDir)).toMatchObject({
+      status: "running",
+      termination_reason: "terminated_by_server",
+    });
+    const next = await restart();
+    await restoreTasks(next.ctx);
+    await next.reconciler.tick();
+    expect(next.ctx.store.mustGet(task.id)).toMatchObject({
+      status: "terminated",
+      terminationReason: "terminated_by_server",
+      terminationMessage: "gone",
+      exitCode: 143,
+      cleanedUp: true,
+    });
+    expect(env.docker.count("stopContainer")).toBe(1);
   });
 
   it("R5: of two restored containers claiming one GPU, the first holds it; the second is flagged, and its end frees nothing", async () => {

@@ -159,9 +159,13 @@ export async function restoreTasks(ctx: RunnerContext): Promise<RestoreReport> {
     }
     const reason = stored?.state.termination_reason ?? "";
     // A task whose start was cut before it committed `running` resumes and adopts its container.
+    // A reason beside `running` is a terminate's intent whose stop a restart cut: the task stays
+    // running until the reconciler has stopped its container, then ends with that reason.
     const status: TaskStatus =
       reason !== ""
-        ? "terminated"
+        ? stored?.state.status === "running"
+          ? "running"
+          : "terminated"
         : stored?.state.status && PRE_CONTAINER.includes(stored.state.status) && container.state === "created"
           ? "creating"
           : "running";

@@ -141,7 +141,12 @@ describe("TaskRunner terminate, release and remove failpoints", () => {
       await expect(env.runner.terminate(task.id, 0, "terminated_by_user", "")).rejects.toThrow(
         `failpoint ${point}: boom`,
       );
-      expect(env.ctx.store.mustGet(task.id).status).toBe("terminated");
+      // Until the stop has been seen through, the task is still running, with the intent recorded.
+      const beforeStopSeen = point === "after-terminate-intent" || point === "after-stop-before-persist";
+      expect(env.ctx.store.mustGet(task.id)).toMatchObject({
+        status: beforeStopSeen ? "running" : "terminated",
+        terminationReason: "terminated_by_user",
+      });
     });
   }
 

@@ -423,20 +423,67 @@ describe("TaskRunner.terminate", () => {
     expect(readState(task.taskDir).exit_code).toBe(137);
   });
 
-  it("keeps the intent when the stop fails, and the reconciler finishes the stop later", async () => {
+  it("R12 keeps the intent when the stop fails (still running, its GPU held), and the reconciler finishes the stop later", async () => {
     const task = await env.submitAndStart({ gpu: 1 });
     env.docker.failNext("stopContainer", new Error("stop: deadline exceeded"));
     await expect(env.runner.terminate(task.id, 5, "terminated_by_user", "bye")).rejects.toThrow(
       /failed to stop container/,
     );
-    expect(env.ctx.store.mustGet(task.id)).toMatchObject({ status: "terminated", cleanedUp: false });
-    expect(readState(task.taskDir).termination_reason).toBe("terminated_by_user");
+    expect(env.ctx.store.mustGet(task.id)).toMatchObject({
+      status: "running",
+      terminationReason: "terminated_by_user",
+      cleanedUp: false,
+    });
+    expect(env.ctx.gpuLock.lockedIds()).toEqual(task.gpuIds);
+    expect([readState(task.taskDir).status, readState(task.taskDir).termination_reason]).toEqual([
+      "running",
+      "terminated_by_user",
+    ]);
+    // A second terminate while the stop is pending keeps the first reason.
+    env.docker.failNext("stopContainer", new Error("stop: deadline exceeded"));
+    await expect(env.runner.terminate(task.id, 5, "terminated_by_server", "other")).rejects.toThrow(
+      /failed to stop container/,
+    );
     await env.reconciler.tick();
     expect(env.docker.mustFind(task.containerId!).state).toBe("exited");
     expect(env.ctx.store.mustGet(task.id)).toMatchObject({
+      status: "terminated",
       cleanedUp: true,
       terminationReason: "terminated_by_user",
+      terminationMessage: "bye",
+      exitCode: 137,
     });
+    expect(env.ctx.gpuLock.lockedIds()).toEqual([]);
+  });
+
+  it("R12 a terminate with a grace period: running (no reason shown) until the container has stopped, then terminated with the reason", async () => {
+    const task = await env.submitAndStart({ gpu: 1 });
+    let release!: () => void;
+    const stopping = new Promise<void>((resolve) => (release = resolve));
+    // The container takes its grace period to stop.
+    env.docker.onNext("stopContainer", () => stopping);
+    const answer = env.runner.terminate(task.id, 30, "terminated_by_user", "bye");
+    await waitFor(() => env.docker.count("stopContainer") === 1);
+    const during = env.ctx.store.mustGet(task.id);
+    expect(during.status).toBe("running");
+    // The intent is durable before the stop: a crash now ends with this reason after a restart.
+    expect([readState(task.taskDir).status, readState(task.taskDir).termination_reason]).toEqual([
+      "running",
+      "terminated_by_user",
+    ]);
+    expect(env.ctx.gpuLock.lockedIds()).toEqual(task.gpuIds);
+    // The reconciler does not step in while the terminate holds the task.
+    await env.reconciler.tick();
+    expect(env.ctx.store.mustGet(task.id).status).toBe("running");
+    release();
+    const done = await answer;
+    expect(done).toMatchObject({
+      status: "terminated",
+      terminationReason: "terminated_by_user",
+      terminationMessage: "bye",
+      exitCode: 143,
+    });
+    expect(readState(task.taskDir)).toMatchObject({ status: "terminated", exit_code: 143, cleaned_up: true });
     expect(env.ctx.gpuLock.lockedIds()).toEqual([]);
   });
 });

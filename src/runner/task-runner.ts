@@ -702,9 +702,14 @@ export class TaskRunner {
   }
 
   /**
-   * Terminates a task: the intent (status, reason, message) is persisted first, then a pull
-   * is cancelled or the container stopped, then resources are released. Terminating a
-   * terminated task is a no-op that keeps the first reason.
+   * Terminates a task: the intent (reason, message) is persisted first, then a pull is cancelled
+   * or the container stopped, then resources are released. A task whose container may run stays
+   * `running` until the container has stopped, as dstack-shim reports it: a control plane that
+   * sees `terminated` may give the task's GPUs to another job. Its intent is durable all the same
+   * (task.json holds the reason beside `running`), so a crash mid-stop still ends with this
+   * reason (the restore keeps the intent, the reconciler finishes the stop). Any other task is
+   * `terminated` at once. Terminating a terminated task is a no-op that keeps the first reason,
+   * and so is a second terminate of a task whose stop is pending (its first reason wins).
    */
   async terminate(
     id: string,
@@ -717,34 +722,52 @@ export class TaskRunner {
     try {
       const before = store.mustGet(id);
       if (before.foreign) throw new TaskStateError(foreignMessage(id));
+      const stopsFirst = before.status === "running" && before.containerId !== undefined;
       // The intent is durable before anything acts on it; if the home cannot take it, nothing
       // changed (the reconciler must never stop a container for a terminate the disk lacks).
-      // A terminated task keeps its first reason: there is nothing new to write.
-      const task =
-        before.status === "terminated"
-          ? before
-          : await this.commitDurably(id, (d) => {
-              d.status = "terminated";
-              d.terminationReason = reason;
-              d.terminationMessage = message;
-            });
-      if (before.status !== "terminated") {
-        log.info({ taskId: id, reason, from: before.status }, "task terminated");
-        this.ctx.observer?.taskFinalized(reason);
+      // A terminated task, or one whose intent is recorded, keeps its first reason.
+      let task = before;
+      if (before.status !== "terminated" && before.terminationReason === "") {
+        task = await this.commitDurably(id, (d) => {
+          if (!stopsFirst) d.status = "terminated";
+          d.terminationReason = reason;
+          d.terminationMessage = message;
+        });
+        log.info(
+          { taskId: id, reason, from: before.status },
+          stopsFirst ? "task terminating" : "task terminated",
+        );
+        if (!stopsFirst) this.ctx.observer?.taskFinalized(reason);
       }
       await failpoint("after-terminate-intent");
-      this.pulls.get(id)?.abort(new Error(`terminated: ${reason}`));
+      this.pulls.get(id)?.abort(new Error(`terminated: ${task.terminationReason || reason}`));
       // A repeated terminate of a stopped container (exit code known) has nothing to stop.
       const alreadyStopped = before.status === "terminated" && before.exitCode !== undefined;
       if (task.containerId !== undefined && !alreadyStopped) {
         try {
           await docker.stopContainer(task.containerId, timeoutSeconds);
         } catch (cause) {
+          // The intent stays recorded (a task still `running` stays so); the reconciler stops it.
           throw new TaskOperationError(`failed to stop container: ${errorMessage(cause)}`, { cause });
         }
         await failpoint("after-stop-before-persist");
         const details = await docker.inspectContainer(task.containerId).catch(() => undefined);
-        if (details && task.exitCode === undefined && details.state !== "running") {
+        const exited = details !== undefined && details.state !== "running" && details.state !== "created";
+        if (stopsFirst) {
+          // Only now `terminated`, with the reason recorded first. Visible at once: the intent
+          // is already durable, so a crash before this write ends the same way after a restart.
+          const finishedAt = exited ? engineTime(details.finishedAt) : undefined;
+          const done = await this.commit(id, (d) => {
+            d.status = "terminated";
+            if (exited && d.exitCode === undefined) d.exitCode = details.exitCode;
+            if (finishedAt !== undefined) d.finishedAt = finishedAt;
+          });
+          log.info(
+            { taskId: id, reason: done.terminationReason, from: before.status, exitCode: done.exitCode },
+            "task terminated",
+          );
+          this.ctx.observer?.taskFinalized(done.terminationReason);
+        } else if (exited && task.exitCode === undefined) {
           await this.commit(id, (d) => (d.exitCode = details.exitCode));
         }
       }

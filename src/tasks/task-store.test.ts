@@ -267,14 +267,24 @@ describe("TaskStore.modify: termination reasons", () => {
     expect(next.terminationMessage).toBe("no capacity");
   });
 
-  it("lets a task that is not terminated yet change its pending reason", () => {
+  it("R12 keeps a terminate's intent on a task still running: the exit its stop causes does not replace it", () => {
     const store = storeWith("running");
-    store.modify("t1", (d) => (d.terminationReason = "terminated_by_user"));
+    store.modify("t1", (d) => {
+      d.terminationReason = "terminated_by_user";
+      d.terminationMessage = "stopped by alice";
+    });
     const next = store.modify("t1", (d) => {
       d.status = "terminated";
-      d.terminationReason = "terminated_by_server";
+      d.terminationReason = "container_exited_with_error";
+      d.terminationMessage = "Terminated";
+      d.exitCode = 143;
     });
-    expect(next.terminationReason).toBe("terminated_by_server");
+    expect([next.status, next.terminationReason, next.terminationMessage, next.exitCode]).toEqual([
+      "terminated",
+      "terminated_by_user",
+      "stopped by alice",
+      143,
+    ]);
   });
 });
 

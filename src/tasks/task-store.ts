@@ -126,7 +126,9 @@ export class TaskStore {
       if (draft.status === "running") draft.startedAt ??= Date.now();
       if (draft.status === "terminated") draft.finishedAt ??= Date.now();
     }
-    if (current.status === "terminated" && current.terminationReason !== "") {
+    // The first reason wins: a terminated task's, or a terminate's intent on a task still
+    // running (its container stopping), which the exit the stop causes must not replace.
+    if (current.terminationReason !== "") {
       draft.terminationReason = current.terminationReason;
       draft.terminationMessage = current.terminationMessage;
     }

@@ -16,7 +16,11 @@ import type { TerminationReason } from "./termination-reason.js";
 export interface Task {
   readonly id: string;
   readonly status: TaskStatus;
-  /** "" until terminated; a terminated task always has a valid reason. */
+  /**
+   * "" until terminated, or until a terminate is requested: a task whose container is stopping
+   * stays `running` with the requested reason recorded (the terminate's intent, durable in
+   * task.json), shown only once it is `terminated`. A terminated task always has a valid reason.
+   */
   readonly terminationReason: TerminationReason | "";
   readonly terminationMessage: string;
   readonly config: TaskConfig;
