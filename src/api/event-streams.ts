@@ -26,6 +26,12 @@ export const EVENT_STREAM_LIMITS: EventStreamLimits = {
 /** The largest `--max-event-streams`: 100 connections always stay for the rest of the API. */
 export const MAX_EVENT_STREAMS_CEILING = 900;
 
+/**
+ * How long changes gather before they are written: one write per stream carries every change of
+ * this window (the fan-out's cost is a write per stream, whatever it carries).
+ */
+const FLUSH_MS = 50;
+
 /** Roughly how much of the opening snapshot one write carries. */
 const SNAPSHOT_CHUNK_BYTES = 64 * 1024;
 
@@ -44,7 +50,7 @@ interface Follower {
   readonly response: ServerResponse;
   state: "snapshot" | "live" | "ended";
   /** Live events that came during the snapshot, sent once it is written. */
-  queued: string[];
+  queued: Buffer[];
   queuedBytes: number;
   stall: NodeJS.Timeout | undefined;
 }
@@ -53,9 +59,9 @@ interface Follower {
  * The event streams of `GET /api/events`, bounded in number, in memory and in time.
  *
  * One store watcher serves every follower: a change is serialized once, when the store makes it
- * (so no status is ever skipped, however short), and written to every stream once per turn of
- * the event loop with the other changes of that turn — one write per stream, not one per stream
- * per change. The opening snapshot is written with back-pressure (the next part once the socket
+ * (so no status is ever skipped, however short), and written to every stream at most every
+ * 50 ms with the other changes of that window — one write per stream, not one per stream per
+ * change. The opening snapshot is written with back-pressure (the next part once the socket
  * has taken the last), so a snapshot of any size arrives whole; the live events of the meantime
  * wait for it, up to the backlog bound. A follower that does not read is cut off: its socket is
  * destroyed (not ended), so the client sees an aborted stream, never one that ended as if
@@ -67,7 +73,7 @@ export class EventStreams {
   readonly #limits: EventStreamLimits;
   #unwatch: (() => void) | undefined;
   #batch: string[] = [];
-  #flushing: NodeJS.Immediate | undefined;
+  #flushing: NodeJS.Timeout | undefined;
 
   constructor(
     private readonly store: TaskStore,
@@ -134,14 +140,15 @@ export class EventStreams {
 
   #onChange(change: TaskStatusChange): void {
     this.#batch.push(`${JSON.stringify(taskEvent(change))}\n`);
-    this.#flushing ??= setImmediate(() => this.#flush());
+    this.#flushing ??= setTimeout(() => this.#flush(), FLUSH_MS);
   }
 
   #flush(): void {
-    if (this.#flushing) clearImmediate(this.#flushing);
+    clearTimeout(this.#flushing);
     this.#flushing = undefined;
     if (this.#batch.length === 0) return;
-    const chunk = this.#batch.join("");
+    // Encoded once for every stream (a string would be encoded again by each write).
+    const chunk = Buffer.from(this.#batch.join(""));
     this.#batch = [];
     for (const follower of this.#followers) {
       if (follower.state === "live") this.#write(follower, chunk);
@@ -172,15 +179,15 @@ export class EventStreams {
       }
       if (follower.state !== "snapshot") return;
       follower.state = "live";
-      const queued = follower.queued.join("");
+      const queued = Buffer.concat(follower.queued);
       follower.queued = [];
       follower.queuedBytes = 0;
-      if (queued !== "") this.#write(follower, queued);
+      if (queued.length > 0) this.#write(follower, queued);
     };
     more();
   }
 
-  #write(follower: Follower, chunk: string): void {
+  #write(follower: Follower, chunk: Buffer): void {
     const socket = follower.response.socket;
     if (socket === null || socket.destroyed) {
       this.#end(follower);
