@@ -104,7 +104,7 @@ describe("ComponentService", () => {
     expect((await service.list())[0]?.version).toBe("0.20.1");
   });
 
-  it("leaves the old binary untouched on a sha256 mismatch and reports it as installed, with the failure in error", async () => {
+  it("U14 leaves the old binary untouched on a sha256 mismatch and reports it as installed, with the failure in error", async () => {
     const target = join(dir, "dstack-runner");
     await writeFile(target, script("0.19.1"));
     await chmod(target, 0o755);
@@ -270,8 +270,8 @@ describe("ComponentService over a fake executor", () => {
     exec.watched = runnerPath;
   });
 
-  describe("a version check and an install never overwrite each other", () => {
-    it("a start's slow --version that ends after an upgrade installed does not put the old version back", async () => {
+  describe("U15 a version check at start and an install never overwrite each other", () => {
+    it("U15 a start's slow --version that ends after an upgrade installed does not put the old version back", async () => {
       await put(runnerPath, script("1.0.0"));
       const release = exec.hold(runnerPath);
       const svc = make();
@@ -290,7 +290,7 @@ describe("ComponentService over a fake executor", () => {
       expect(await readFile(runnerPath, "utf8")).toBe(script("2.0.0"));
     });
 
-    it("a start's slow --version that ends while an upgrade downloads leaves it installing, and the upgrade ends installed", async () => {
+    it("U15 a start's slow --version that ends while an upgrade downloads leaves it installing, and the upgrade ends installed", async () => {
       await put(runnerPath, script("1.0.0"));
       const release = exec.hold(runnerPath);
       let open!: () => void;
@@ -316,7 +316,7 @@ describe("ComponentService over a fake executor", () => {
     });
   });
 
-  describe("an install never replaces a binary with something unverified", () => {
+  describe("U14 an install never replaces a binary with something unverified", () => {
     it("verifies the download as a 0700 temp file beside the target while the target still holds the old binary, then renames it 0755", async () => {
       await put(runnerPath, script("1.0.0"));
       await put(join(dir, "src", "runner"), script("2.0.0"), 0o644);
@@ -338,7 +338,7 @@ describe("ComponentService over a fake executor", () => {
       });
     });
 
-    it("an HTML page served with 200 and no sha256 is not run, leaves the old binary byte-identical, and the status installed with the old version", async () => {
+    it("U14 an HTML page served with 200 and no sha256 is not run, leaves the old binary byte-identical, and the status installed with the old version", async () => {
       await put(runnerPath, script("1.0.0"));
       const svc = make();
       await svc.refresh();
@@ -370,7 +370,7 @@ describe("ComponentService over a fake executor", () => {
       expect(await readdir(dir)).toEqual(["src"]);
     });
 
-    it("a file: FIFO whose writer closes without data is refused: no 0-byte binary, the old one stays", async () => {
+    it("U14 a file: FIFO whose writer closes without data is refused: no 0-byte binary, the old one stays", async () => {
       await put(runnerPath, script("1.0.0"));
       const fifo = join(dir, "src", "fifo");
       execFileSync("mkfifo", [fifo]);
@@ -416,7 +416,7 @@ describe("ComponentService over a fake executor", () => {
       }
     });
 
-    it("a regular file that is not a binary (a shadow file) is neither run nor installed", async () => {
+    it("U14 a regular file that is not a binary (a shadow file) is neither run nor installed", async () => {
       await put(runnerPath, script("1.0.0"));
       const secret = join(dir, "src", "shadow");
       await put(secret, "root:$6$salt$hash:19000:0:99999:7:::\n", 0o600);
