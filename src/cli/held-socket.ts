@@ -1,15 +1,38 @@
 import { spawn } from "node:child_process";
 import { once } from "node:events";
 import { createServer, type Server } from "node:net";
+import { setTimeout as sleep } from "node:timers/promises";
 import { isSea } from "node:sea";
 import { Command } from "@commander-js/extra-typings";
 import { resolveShimConfig, SERVE_SETTINGS } from "../config/shim-config.js";
 import { errorMessage } from "../errors/error-message.js";
+import { formatDuration } from "./durations.js";
 
 /** Set by the outer `taskshim supervise` for the inner one: its fd 3 is the API's listening socket. */
 export const HELD_SOCKET_ENV = "TASKSHIM_SUPERVISE_HELD_SOCKET";
 /** The descriptor the inner supervisor holds and each shim is given (as systemd's first one). */
 const HELD_FD = 3;
+
+/**
+ * How long a new supervisor waits for the API's port to be free when it is taken: an earlier
+ * supervisor's shim may still be shutting down (orphaned when that supervisor was killed, it shuts
+ * down by itself: {@link watchParent}, and main.ts's `serve`), which takes the shutdown's bound
+ * (20 s) at most; beyond that, something else holds the port.
+ */
+export const PORT_WAIT_MS = 30_000;
+/** The first pause between two binds while waiting for the port, doubled up to the last. */
+const PORT_RETRY_FIRST_MS = 100;
+const PORT_RETRY_MAX_MS = 2_000;
+
+/** Options of {@link holdApiSocket}. */
+export interface HoldOptions {
+  /** Ends a wait for the port at once (SIGTERM/SIGINT to the supervisor). */
+  readonly signal?: AbortSignal;
+  /** How long to wait for a port in use to be free (default {@link PORT_WAIT_MS}). */
+  readonly portWaitMs?: number;
+  /** Told once when the port is in use and the supervisor starts waiting for it. */
+  readonly onWait?: (why: string, waitMs: number) => void;
+}
 
 /** What `taskshim supervise` does about the API socket. */
 export type SocketHolding =
@@ -18,7 +41,9 @@ export type SocketHolding =
   /** The outer supervisor ran the inner one, which has exited with this code. */
   | { readonly kind: "done"; readonly exitCode: number }
   /** No socket could be bound (say, the port is taken): supervise as before, each shim binds. */
-  | { readonly kind: "none"; readonly why: string };
+  | { readonly kind: "none"; readonly why: string }
+  /** A SIGTERM/SIGINT ended the wait for the port: nothing was started. */
+  | { readonly kind: "stopped" };
 
 /** The address and port `serve` would listen on with these arguments and this environment. */
 export function serveAddress(
@@ -46,23 +71,21 @@ export function serveAddress(
 export async function holdApiSocket(
   serveArgs: readonly string[],
   env: NodeJS.ProcessEnv,
+  options: HoldOptions = {},
 ): Promise<SocketHolding> {
   if (env[HELD_SOCKET_ENV] === "1") {
     delete env[HELD_SOCKET_ENV];
     return { kind: "hold" };
   }
-  let server: Server;
+  let address: { host: string; port: number };
   try {
-    const { host, port } = serveAddress(serveArgs, env);
-    server = createServer();
-    server.on("connection", (socket) => socket.destroy());
-    await new Promise<void>((resolve, reject) => {
-      server.once("error", reject);
-      server.listen({ host, port, backlog: 1024 }, resolve);
-    });
+    address = serveAddress(serveArgs, env);
   } catch (error) {
     return { kind: "none", why: errorMessage(error) };
   }
+  const bound = await bindWaiting(address, options);
+  if (bound.kind !== "bound") return bound;
+  const server = bound.server;
   const handle = (server as unknown as { _handle?: { fd?: number } })._handle;
   if (typeof handle?.fd !== "number" || handle.fd < 0) {
     server.close();
@@ -79,6 +102,61 @@ export async function holdApiSocket(
   process.on("SIGINT", forward);
   const [code, signal] = (await once(inner, "exit")) as [number | null, NodeJS.Signals | null];
   return { kind: "done", exitCode: code ?? (signal ? 128 : 1) };
+}
+
+/**
+ * Binds the API's address; a port in use is tried again with a growing pause (an earlier shim may
+ * still be shutting down) until `portWaitMs`, then given up with the reason.
+ */
+export async function bindWaiting(
+  { host, port }: { host: string; port: number },
+  options: HoldOptions,
+): Promise<{ kind: "bound"; server: Server } | { kind: "none"; why: string } | { kind: "stopped" }> {
+  const waitMs = options.portWaitMs ?? PORT_WAIT_MS;
+  const began = performance.now();
+  let pauseMs = PORT_RETRY_FIRST_MS;
+  for (let attempt = 1; ; attempt++) {
+    if (options.signal?.aborted) return { kind: "stopped" };
+    const server = createServer();
+    server.on("connection", (socket) => socket.destroy());
+    try {
+      await new Promise<void>((resolve, reject) => {
+        server.once("error", reject);
+        server.listen({ host, port, backlog: 1024, exclusive: true }, resolve);
+      });
+      return { kind: "bound", server };
+    } catch (error) {
+      const inUse = (error as NodeJS.ErrnoException).code === "EADDRINUSE";
+      const why = inUse ? `port ${port} on ${host} is in use` : errorMessage(error);
+      const leftMs = waitMs - (performance.now() - began);
+      if (!inUse || leftMs <= 0) {
+        return { kind: "none", why: inUse ? `${why} (waited ${formatDuration(waitMs)} for it)` : why };
+      }
+      if (attempt === 1) options.onWait?.(why, waitMs);
+      const aborted = await sleep(Math.min(pauseMs, leftMs), undefined, { signal: options.signal }).then(
+        () => false,
+        () => true,
+      );
+      if (aborted) return { kind: "stopped" };
+      pauseMs = Math.min(PORT_RETRY_MAX_MS, pauseMs * 2);
+    }
+  }
+}
+
+/**
+ * For the inner supervisor: calls `onGone` once when the outer one has gone (killed: this process
+ * was re-parented), checked every `everyMs`. The inner supervisor then stops its shim as a
+ * SIGTERM would, so no orphan keeps the port from the next supervisor.
+ */
+export function watchParent(onGone: () => void, everyMs = 1_000): () => void {
+  const parent = process.ppid;
+  const timer = setInterval(() => {
+    if (process.ppid === parent) return;
+    clearInterval(timer);
+    onGone();
+  }, everyMs);
+  timer.unref();
+  return () => clearInterval(timer);
 }
 
 /** The spawn settings of a shim started by a supervisor holding the socket. */

@@ -27,6 +27,10 @@ async function serve(flags: ServeFlags): Promise<void> {
   const onSignal = (): void => shim.shutdown(false);
   process.on("SIGINT", onSignal);
   process.on("SIGTERM", onSignal);
+  // Under `taskshim supervise` (an IPC channel to it): a supervisor that is gone (killed) leaves
+  // this shim an orphan on the API's port, which the next supervisor could never bind. It shuts
+  // down as on SIGTERM instead; the next supervisor waits for the port (held-socket.ts).
+  if (process.channel !== undefined) process.once("disconnect", onSignal);
   await shim.stopped;
   // Ends what the bound left behind too (a read stuck in the kernel, a step that ignored its signal).
   process.exit(0);
@@ -82,7 +86,21 @@ export function buildCli(): Command {
     .argument("[serve-args...]", "arguments for `serve` (after --)")
     .passThroughOptions()
     .action(async (serveArgs, options) => {
-      const holding = await holdApiSocket(serveArgs, process.env);
+      // A SIGTERM while waiting for the port (an earlier shim still shutting down) ends at once.
+      const waiting = new AbortController();
+      const stopWaiting = (): void => waiting.abort();
+      process.once("SIGTERM", stopWaiting);
+      process.once("SIGINT", stopWaiting);
+      const holding = await holdApiSocket(serveArgs, process.env, {
+        signal: waiting.signal,
+        onWait: (why, waitMs) =>
+          process.stderr.write(
+            `${JSON.stringify({ time: new Date().toISOString(), supervisor: true, msg: "the API's port is in use; waiting for it (an earlier shim may still be shutting down)", why, waitMs })}\n`,
+          ),
+      });
+      process.off("SIGTERM", stopWaiting);
+      process.off("SIGINT", stopWaiting);
+      if (holding.kind === "stopped") process.exit(0);
       if (holding.kind === "done") process.exit(holding.exitCode);
       const code = await supervise({
         binary: options.binary ?? ownBinaryPath(),
@@ -92,6 +110,8 @@ export function buildCli(): Command {
         stableAfterMs: options.stableAfter,
         handoffDelayMs: options.handoffDelay,
         heldSocket: holding.kind === "hold",
+        watchOuter: holding.kind === "hold",
+        ...(holding.kind === "none" ? { notHolding: holding.why } : {}),
       });
       process.exit(code);
     });

@@ -31,7 +31,7 @@ import { VERSION } from "../version.js";
 import { shimHandoff } from "./connection-handoff.js";
 import { createLogger } from "./shim-logger.js";
 import { startHeapTrim } from "./heap-trim.js";
-import { listenTarget, type ListenTarget } from "./listen-target.js";
+import { inspectInheritedSocket, listenTarget, SocketActivationError } from "./listen-target.js";
 import { SHUTDOWN_TIMINGS, ShutdownDeadline } from "./shutdown-deadline.js";
 import { errorMessage } from "../errors/error-message.js";
 
@@ -125,13 +125,14 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
   const authToken = await readAuthToken(config.authTokenFile);
   // Every cheap precondition before the home lock, the engine and the restore. A socket systemd
   // or the supervisor passes in is already bound: only an address of our own is probed.
-  let target: ListenTarget;
-  try {
-    target = listenTarget({ host: config.httpAddress, port: config.httpPort }, process.env, process.pid);
-  } catch (error) {
-    throw new StartupError(errorMessage(error), { cause: error });
-  }
+  // A socket-activation error is a configuration error (SocketActivationError, exit 78): the unit
+  // would hit it again at every restart.
+  const target = listenTarget({ host: config.httpAddress, port: config.httpPort }, process.env, process.pid);
   if (target.kind === "address") await probeListen(target.host, target.port);
+  else {
+    const inherited = await inspectInheritedSocket(target.fd);
+    if (inherited.kind === "refused") throw new SocketActivationError(inherited.why);
+  }
   let lock: HomeLock;
   try {
     lock = await acquireHomeLock(config.home);
@@ -294,6 +295,13 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
       const inherited = { fd: target.kind === "inherited" ? target.fd : -1, host: "127.0.0.1" };
       await app.listen(target.kind === "inherited" ? inherited : target);
     } catch (error) {
+      // The configured port is not what failed when the socket was passed in: name the descriptor.
+      if (target.kind === "inherited") {
+        throw new StartupError(
+          `cannot serve fd ${target.fd} (LISTEN_FDS=1): ${errorMessage(error).replace(/\s*\n\s*/g, " ")}`,
+          { cause: error },
+        );
+      }
       throw listenError(error, config.httpAddress, config.httpPort);
     }
     handoff?.accept(app.server);

@@ -82,6 +82,52 @@ describe("supervise", () => {
   });
 });
 
+describe("U12 supervise stops at once", () => {
+  it("on SIGTERM during a crash backoff, without waiting out the delay", async () => {
+    const lines: string[] = [];
+    const stop = new AbortController();
+    const began = performance.now();
+    const code = await supervise({
+      binary: await fakeShim(["exit 1", "exit 1"]),
+      serveArgs: [],
+      crashDelayMs: 60_000,
+      maxCrashDelayMs: 60_000,
+      stableAfterMs: 60_000,
+      handoffDelayMs: 1,
+      stop: stop.signal,
+      log: (line) => {
+        lines.push(line);
+        if (line.includes("shim crashed; restarting")) stop.abort();
+      },
+    });
+    expect(code).toBe(0);
+    expect(performance.now() - began).toBeLessThan(5_000);
+    expect(lines.map((l) => (JSON.parse(l) as Note).msg)).toEqual([
+      "shim started",
+      "shim crashed; restarting",
+      "supervisor stopping",
+    ]);
+  });
+
+  it("says once why it does not hold the API socket", async () => {
+    const lines: string[] = [];
+    await supervise({
+      binary: await fakeShim([`exit ${EXIT_CONFIG}`]),
+      serveArgs: [],
+      crashDelayMs: 10,
+      maxCrashDelayMs: 10,
+      stableAfterMs: 60_000,
+      handoffDelayMs: 1,
+      notHolding: "port 10998 on 127.0.0.1 is in use (waited 30s for it)",
+      log: (line) => lines.push(line),
+    });
+    const notes = lines.map((l) => JSON.parse(l) as Note & { why?: string });
+    expect(notes.filter((n) => n.msg.startsWith("not holding the API socket"))).toEqual([
+      expect.objectContaining({ why: "port 10998 on 127.0.0.1 is in use (waited 30s for it)" }),
+    ]);
+  });
+});
+
 describe("backoff arithmetic", () => {
   it("doubles per crash up to the cap", () => {
     const options = { crashDelayMs: 3_000, maxCrashDelayMs: 60_000 };

@@ -2,7 +2,7 @@ import { spawn, type ChildProcess } from "node:child_process";
 import { constants } from "node:os";
 import { setTimeout as sleep } from "node:timers/promises";
 import { HANDOFF_ENV, HandoffRelay } from "./connection-handoff.js";
-import { heldSocketSpawn } from "./held-socket.js";
+import { heldSocketSpawn, watchParent } from "./held-socket.js";
 
 /** sysexits' EX_CONFIG, which `serve` exits with on a configuration error: restarting cannot help. */
 export const EXIT_CONFIG = 78;
@@ -23,6 +23,15 @@ export interface SuperviseOptions {
   readonly handoffDelayMs: number;
   /** fd 3 is the API's listening socket: hand it to every shim (src/cli/held-socket.ts). */
   readonly heldSocket?: boolean;
+  /** Why the API socket is not held (the port could not be bound): said once, at the start. */
+  readonly notHolding?: string;
+  /**
+   * This is the inner supervisor of a held socket: when the outer one is gone (killed), stop the
+   * shim as SIGTERM would, so that no orphan keeps the port from the next supervisor.
+   */
+  readonly watchOuter?: boolean;
+  /** Aborting it stops the supervisor as SIGTERM does (tests; the signals are wired by default). */
+  readonly stop?: AbortSignal;
   /** Where the supervisor's own lines go (JSON, one a line); stderr by default. */
   readonly log?: (line: string) => void;
 }
@@ -67,22 +76,37 @@ export async function supervise(options: SuperviseOptions): Promise<number> {
   const relay = new HandoffRelay();
   let stopping = false;
   let child: ChildProcess | undefined;
+  // Ends a backoff's sleep at once: a stop never waits out the delay before a restart.
+  const stopped = new AbortController();
   const stop = (signal: NodeJS.Signals): void => {
     stopping = true;
+    stopped.abort();
     relay.close();
-    child?.kill(signal);
+    if (child?.exitCode === null && child.signalCode === null) child.kill(signal);
   };
   const onTerm = (): void => stop("SIGTERM");
   const onInt = (): void => stop("SIGINT");
   process.on("SIGTERM", onTerm);
   process.on("SIGINT", onInt);
+  const onStop = (): void => stop("SIGTERM");
+  if (options.stop?.aborted) onStop();
+  else options.stop?.addEventListener("abort", onStop, { once: true });
+  if (options.notHolding !== undefined) {
+    note("not holding the API socket; each shim binds the port itself", { why: options.notHolding });
+  }
+  const unwatch = options.watchOuter
+    ? watchParent(() => {
+        note("the outer supervisor is gone; stopping the shim");
+        stop("SIGTERM");
+      })
+    : () => undefined;
   const { stdio, env }: { stdio: readonly ("inherit" | number)[]; env: NodeJS.ProcessEnv } =
     options.heldSocket
       ? heldSocketSpawn(process.env)
       : { stdio: ["inherit", "inherit", "inherit"], env: process.env };
   try {
     let crashes = 0;
-    for (let run = 1; ; run++) {
+    for (let run = 1; !stopping; run++) {
       const started = Date.now();
       child = spawn(options.binary, ["serve", ...options.serveArgs], {
         stdio: [...stdio, "ipc"],
@@ -120,10 +144,16 @@ export async function supervise(options: SuperviseOptions): Promise<number> {
         ...(exit.code === 0 ? {} : { crashes }),
         delayMs: delay,
       });
-      await sleep(delay);
-      if (stopping) return 0;
+      await sleep(delay, undefined, { signal: stopped.signal }).catch(() => undefined);
+      if (stopping) {
+        note("supervisor stopping");
+        return 0;
+      }
     }
+    return 0;
   } finally {
+    unwatch();
+    options.stop?.removeEventListener("abort", onStop);
     relay.close();
     process.off("SIGTERM", onTerm);
     process.off("SIGINT", onInt);

@@ -69,7 +69,7 @@ export const TESTING_ENV = {
 
 /** A flag or environment value that cannot be used; the message names it. */
 export class ConfigError extends Error {
-  override readonly name = "ConfigError";
+  override readonly name: string = "ConfigError";
 }
 
 /** The serve flags as commander hands them over (all optional strings or booleans). */
