@@ -7,7 +7,7 @@ import { runB2 } from "./b2-exit-detection.js";
 import { runB3 } from "./b3-recovery.js";
 import { noteIdleCpu, runB4 } from "./b4-steady-state.js";
 import { runB5 } from "./b5-api-throughput.js";
-import { notePeakRss, runB6Idle, runB6Leak, runB6Loaded } from "./b6-memory.js";
+import { notePeakRss, runB6Idle, runB6Leak, runB6Loaded, runB6Slope } from "./b6-memory.js";
 import { runB7 } from "./b7-burst.js";
 import { runB8 } from "./b8-upgrade-window.js";
 import { runB9 } from "./b9-fleet-rollout.js";
@@ -119,16 +119,21 @@ async function main(): Promise<Row[]> {
     // One shim with the fleet of running tasks serves B6, B4, B5 and B3, in that order:
     // memory before any load, the quiet reconciler before the HTTP load, the kill -9 last.
     const fleet = new Fleet(bench, await bench.startShim());
+    let idleRss = Number.NaN;
     await timed("B6", async () => {
       const idle = await runB6Idle(bench, fleet.shim);
-      return [idle, await runB6Leak(bench, fleet.shim, idle.taskshim, bench.quick ? 200 : 1_000)];
+      idleRss = idle.taskshim;
+      // The slope's later cycles are 9,000 in a full run (minutes): quick runs do a few hundred.
+      const [first, more] = bench.quick ? [200, 400] : [1_000, 9_000];
+      const leak = await runB6Leak(bench, fleet.shim, idle.taskshim, first);
+      return [idle, leak, await runB6Slope(bench, fleet.shim, first, leak.taskshim, more)];
     });
     if (selected.has("B4")) await noteIdleCpu(bench, fleet.shim, bench.quick ? 4_000 : 15_000);
     const started = performance.now();
     bench.log(`fleet: starting ${fleetSize} tasks`);
     await fleet.grow(fleetSize);
     bench.log(`fleet: ${fleetSize} running in ${Math.round((performance.now() - started) / 1000)} s`);
-    await timed("B6", async () => [await runB6Loaded(bench, fleet.shim, fleetSize)]);
+    await timed("B6", async () => [await runB6Loaded(bench, fleet.shim, fleetSize, idleRss)]);
     await timed("B4", () => runB4(bench, fleet));
     if (selected.has("B5")) await fleet.grow(fleetSize); // B4 killed a few
     await timed("B5", () => runB5(bench, fleet));
