@@ -11,6 +11,7 @@ import { notePeakRss, runB6Idle, runB6Leak, runB6Loaded, runB6Slope } from "./b6
 import { runB7 } from "./b7-burst.js";
 import { runB8 } from "./b8-upgrade-window.js";
 import { runB9 } from "./b9-fleet-rollout.js";
+import { runB10 } from "./b10-event-fanout.js";
 import { Bench, sweepStale } from "./lib/harness.js";
 import { Fleet } from "./lib/fleet.js";
 import { dockerdPid } from "./lib/proc.js";
@@ -28,7 +29,7 @@ import { buildRolloutBinaries } from "./lib/supervised.js";
  */
 
 const RESULTS = resolve(import.meta.dirname, "results/latest.json");
-const ALL = ["B1", "B2", "B3", "B4", "B5", "B6", "B7", "B8", "B9"] as const;
+const ALL = ["B1", "B2", "B3", "B4", "B5", "B6", "B7", "B8", "B9", "B10"] as const;
 
 const { values } = parseArgs({
   options: {
@@ -109,6 +110,7 @@ async function main(): Promise<Row[]> {
   await timed("B1", () => runB1(bench));
   await timed("B2", () => runB2(bench));
   await timed("B7", () => runB7(bench));
+  await timed("B10", () => runB10(bench));
 
   // B8 and B9 roll single binaries A and B out (built here from the pinned Node.js).
   const binaries = selected.has("B8") || selected.has("B9") ? await buildRolloutBinaries(bench) : undefined;
