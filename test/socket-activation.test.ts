@@ -1,11 +1,13 @@
 import { spawn, type ChildProcess } from "node:child_process";
 import { once } from "node:events";
+import { createSocket } from "node:dgram";
 import { createServer } from "node:net";
 import { resolve } from "node:path";
 import { createInterface } from "node:readline";
 import { setTimeout as sleep } from "node:timers/promises";
 import { afterAll, describe, expect, it } from "vitest";
 import { bundleNodeFlags, freePort, SHIM_BUNDLE, tempHome } from "./support/shim-process.js";
+import { join } from "node:path";
 
 /*
  * systemd socket activation (docs/operations.md): the shim serves the listening socket it inherits as fd 3
@@ -88,5 +90,83 @@ describe("socket activation (LISTEN_FDS)", () => {
     console.log(
       `socket activation: a request sent while no shim ran was answered after ${Math.round(waitedMs)} ms`,
     );
+  });
+});
+
+/** Runs `serve` with this environment and fd 3, and returns its exit code and what it printed. */
+async function serveWith(
+  env: NodeJS.ProcessEnv,
+  fd3: number | "ignore",
+): Promise<{ code: number | null; lines: string[] }> {
+  const home = await tempHome("taskshim-sockact-bad-");
+  const child = spawn(
+    process.execPath,
+    [
+      ...bundleNodeFlags(),
+      SHIM_BUNDLE,
+      "serve",
+      "--shim-home",
+      home,
+      "--shim-http-port",
+      String(await freePort()),
+    ],
+    { stdio: ["ignore", "pipe", "pipe", fd3], env: { ...process.env, ...env } },
+  );
+  let output = "";
+  child.stdout?.on("data", (c: Buffer) => (output += c.toString()));
+  child.stderr?.on("data", (c: Buffer) => (output += c.toString()));
+  const [code] = (await Promise.race([once(child, "exit"), sleep(20_000).then(() => [undefined])])) as [
+    number | null,
+  ];
+  if (code === undefined) child.kill("SIGKILL");
+  return { code, lines: output.trim().split("\n") };
+}
+
+describe("U13 socket activation misconfigured", () => {
+  it("exits 78 with one line for LISTEN_FDS of 0, 2 or abc, and for a closed, UDP or Unix fd 3, before anything is restored", async () => {
+    for (const fds of ["0", "2", "abc"]) {
+      expect(await serveWith({ LISTEN_FDS: fds }, "ignore")).toEqual({
+        code: 78,
+        lines: [
+          expect.stringMatching(new RegExp(`^taskshim: configuration error: LISTEN_FDS=("?)${fds}\\1`)),
+        ],
+      });
+    }
+    expect(await serveWith({ LISTEN_FDS: "1" }, "ignore")).toEqual({
+      code: 78,
+      // Not passed: Node's own descriptors may have taken number 3 by then.
+      lines: [
+        expect.stringMatching(
+          /^taskshim: configuration error: fd 3 \(LISTEN_FDS=1\) is not (open|a socket \(.*\)): the socket unit passed (no socket|none)$/,
+        ),
+      ],
+    });
+
+    const udp = createSocket("udp4");
+    udp.bind(0, "127.0.0.1");
+    await once(udp, "listening");
+    const state = Object.getOwnPropertySymbols(udp).find((symbol) => symbol.description === "state symbol");
+    const udpFd = (udp as unknown as Record<symbol, { handle: { fd: number } }>)[state!]!.handle.fd;
+    const path = join(await tempHome("taskshim-unixsock-"), "api.sock");
+    const unix = createServer();
+    await new Promise<void>((done) => unix.listen(path, done));
+    const unixFd = (unix as unknown as { _handle: { fd: number } })._handle.fd;
+    try {
+      expect(await serveWith({ LISTEN_FDS: "1" }, udpFd)).toEqual({
+        code: 78,
+        lines: [
+          expect.stringMatching(/^taskshim: configuration error: fd 3 \(LISTEN_FDS=1\) is a UDP socket/),
+        ],
+      });
+      expect(await serveWith({ LISTEN_FDS: "1" }, unixFd)).toEqual({
+        code: 78,
+        lines: [
+          `taskshim: configuration error: fd 3 (LISTEN_FDS=1) is a Unix socket (${path}): taskshim serves TCP only (ListenStream=ADDRESS:PORT)`,
+        ],
+      });
+    } finally {
+      udp.close();
+      unix.close();
+    }
   });
 });

@@ -85,7 +85,10 @@ export async function inspectInheritedSocket(fd: number, proc: ProcPaths = PROC)
     return { kind: "refused", why: `${name} is not open: the socket unit passed no socket` };
   }
   const inode = /^socket:\[(\d+)\]$/.exec(target)?.[1];
-  if (inode === undefined) return { kind: "refused", why: `${name} is not a socket but ${target}` };
+  // (A descriptor the unit did not pass may be one the runtime opened since, its epoll say.)
+  if (inode === undefined) {
+    return { kind: "refused", why: `${name} is not a socket (${target}): the socket unit passed none` };
+  }
   const table = async (file: string): Promise<string[][]> =>
     (await readFile(`${proc.netDir}/${file}`, "utf8").catch(() => ""))
       .split("\n")
