@@ -47,10 +47,11 @@ export const FOLDER_GRAPH: Readonly<Record<GraphNode, NodeImports>> = {
   components: edges(["exec", "logging", "state"]),
   runner: edges(["docker", "exec", "host", "logging", "state", "tasks"]),
   state: edges(["tasks"]),
-  tasks: edges(["docker", "host"]),
   // The Docker layer reads the host's GPU types to build device requests; it calls nothing there.
-  docker: edges(["exec"], ["host"]),
-  host: edges(["exec"]),
+  docker: edges(["exec", "tasks"], ["host"]),
+  host: edges(["exec", "tasks"]),
+  // The domain at the bottom: the task model, its config and the values adapters fill in.
+  tasks: edges([]),
   logging: edges([]),
   exec: edges([]),
   errors: edges([]),

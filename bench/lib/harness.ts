@@ -8,7 +8,7 @@ import type Docker from "dockerode";
 import pLimit from "p-limit";
 import { containerParamsOf, resolveShimConfig } from "../../src/config/shim-config.js";
 import { buildContainerSpec } from "../../src/docker/container-spec.js";
-import { formatPullReference, parseImageReference } from "../../src/docker/image-ref.js";
+import { formatPullReference, parseImageReference } from "../../src/tasks/image-ref.js";
 import { parseTaskConfig } from "../../src/tasks/task-config.js";
 import { hasStatusCode, testDocker } from "../../test/support/docker.js";
 import { ensureTestImages, type TestImages } from "../../test/support/images.js";

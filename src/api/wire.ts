@@ -1,7 +1,6 @@
 import type { Task } from "../tasks/task.js";
 import type { TaskStatus } from "../tasks/task-status.js";
-import type { ImagePullProgress } from "../docker/pull-progress.js";
-import type { PortMapping } from "../docker/docker-client.js";
+import type { ImagePullProgress, PortMapping } from "../tasks/task-parts.js";
 import type { TaskStatusChange } from "../tasks/task-store.js";
 
 /** `GET /api/tasks/{id}` and the other task answers (dstack-shim's TaskInfoResponse). */

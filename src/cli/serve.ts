@@ -3,7 +3,6 @@ import { existsSync } from "node:fs";
 import { chmod, mkdir, readFile, stat } from "node:fs/promises";
 import { createServer } from "node:net";
 import { join } from "node:path";
-import type { Logger } from "pino";
 import { ShimMetrics } from "../api/metrics.js";
 import { buildApi } from "../api/server.js";
 import { ComponentService } from "../components/component-service.js";

@@ -1,4 +1,5 @@
 import type { Readable } from "node:stream";
+import type { PortMapping } from "../tasks/task-parts.js";
 
 /** Container label marking shim tasks (shared with dstack-shim). */
 export const LABEL_IS_TASK = "ai.dstack.shim.is-task";
@@ -26,12 +27,6 @@ export interface TaskContainerSummary {
    * when the client does not list them (a restore then inspects for them).
    */
   readonly ports?: readonly PortMapping[];
-}
-
-/** A host port bound to a container port (bridge mode, 127.0.0.1 only). */
-export interface PortMapping {
-  readonly host: number;
-  readonly container: number;
 }
 
 /** A mount of a container, as an inspect reports it. */

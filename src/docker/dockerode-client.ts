@@ -12,11 +12,11 @@ import {
   type ContainerEvent,
   type ContainerState,
   type DockerClient,
-  type PortMapping,
   type PullAuth,
   type RemovalConfirmed,
   type TaskContainerSummary,
 } from "./docker-client.js";
+import type { PortMapping } from "../tasks/task-parts.js";
 import {
   confirmRemoval,
   REMOVAL_TIMEOUT_MS,

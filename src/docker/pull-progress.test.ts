@@ -7,7 +7,8 @@ import {
   PullIncompleteError,
   PullTracker,
 } from "./pull-progress.js";
-import type { ImagePullProgress, PullMessage } from "./pull-progress.js";
+import type { PullMessage } from "./pull-progress.js";
+import type { ImagePullProgress } from "../tasks/task-parts.js";
 
 function progress(
   downloaded: number,

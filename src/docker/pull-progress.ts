@@ -1,17 +1,7 @@
 import { StringDecoder } from "node:string_decoder";
 import { errorMessage } from "../errors/error-message.js";
+import type { ImagePullProgress } from "../tasks/task-parts.js";
 
-/**
- * Aggregate image pull progress, as reported in `TaskInfo.image_pull_progress`.
- * The keys are the wire keys of dstack-shim's `ImagePullProgress`.
- */
-export interface ImagePullProgress {
-  downloaded_bytes: number;
-  extracted_bytes: number;
-  total_bytes: number;
-  /** False while some layer's size is still unknown, so `total_bytes` may still grow. */
-  is_total_bytes_final: boolean;
-}
 
 /**
  * One line of Docker's `POST /images/create` NDJSON stream (moby's `jsonmessage.JSONMessage`),

@@ -4,7 +4,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
 import { AuthorizedKeys, type UserLookup } from "./authorized-keys.js";
-import { PUBLIC_KEY_MARKER } from "./ssh-public-key.js";
+import { PUBLIC_KEY_MARKER } from "../tasks/ssh-public-key.js";
 
 /*
  * The error paths of AuthorizedKeys that a real file system will not produce for root (the

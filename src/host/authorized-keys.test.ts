@@ -30,7 +30,7 @@ import {
   type UserAccount,
   type UserLookup,
 } from "./authorized-keys.js";
-import { PUBLIC_KEY_MARKER } from "./ssh-public-key.js";
+import { PUBLIC_KEY_MARKER } from "../tasks/ssh-public-key.js";
 
 // Real keys made with ssh-keygen (ssh-public-key.test.ts parses and fingerprints more of them).
 const ALICE = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIM3w4GVANxwykR9noGY7PCFNXEBbweA+ReD2IuJzgeUW alice@laptop";

@@ -7,7 +7,7 @@ import {
   InvalidPublicKeyError,
   isShimEntry,
   publicKeyFingerprint,
-} from "./ssh-public-key.js";
+} from "../tasks/ssh-public-key.js";
 
 /** The user is not in the passwd database. */
 export class UnknownUserError extends Error {

@@ -14,9 +14,9 @@ import {
   VolumePrepareInterruptedError,
   VolumeUnmountError,
   matchAwsSerial,
-  type VolumeInfo,
   type VolumeTimings,
 } from "./volumes.js";
+import type { VolumeInfo } from "../tasks/task-parts.js";
 
 type Script = (argv: readonly string[]) => BoundedOutcome;
 

@@ -4,15 +4,8 @@ import { setTimeout as sleep } from "node:timers/promises";
 import { OperationBound } from "../exec/operation-bound.js";
 import { CommandFailedError, runChecked, type CommandRunner } from "../exec/run-bounded.js";
 import { errorMessage } from "../errors/error-message.js";
+import type { VolumeInfo } from "../tasks/task-parts.js";
 
-/** A network volume to attach and mount on the host (`TaskConfig.volumes`). */
-export interface VolumeInfo {
-  readonly backend: string;
-  readonly name: string;
-  readonly volume_id: string;
-  readonly init_fs: boolean;
-  readonly device_name?: string | null;
-}
 
 /** A host directory bind-mounted into the container (`TaskConfig.instance_mounts`). */
 export interface InstanceMountPoint {

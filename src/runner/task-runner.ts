@@ -11,7 +11,7 @@ import {
   isLatestOrUntagged,
   parseImageReference,
   registryServerAddress,
-} from "../docker/image-ref.js";
+} from "../tasks/image-ref.js";
 import { consumePullStream, PullTracker } from "../docker/pull-progress.js";
 import { deadlineSignal } from "../exec/deadline-signal.js";
 import { gpuContainerConfig } from "../docker/gpu-devices.js";

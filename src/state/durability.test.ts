@@ -2,8 +2,6 @@ import { mkdir, mkdtemp, readdir, readFile, rm, writeFile } from "node:fs/promis
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
-import { AuthorizedKeys, type UserLookup } from "../host/authorized-keys.js";
-import { PUBLIC_KEY_MARKER } from "../host/ssh-public-key.js";
 import { newTask } from "../tasks/task.js";
 import { taskConfig } from "../testing/fixtures.js";
 import { writeFileDurably } from "./durable-write.js";
@@ -19,7 +17,8 @@ import { readTaskState, TASK_STATE_FILE, writeTaskState } from "./task-state-fil
 
 /*
  * Durability pinned where it is decided: the system calls of every write the promise rests on
- * (task.json, authorized_keys, the task dirs), observed through a journaling node:fs/promises.
+ * (task.json, the task dirs; authorized_keys in host/authorized-keys.durability.test.ts), observed
+ * through a journaling node:fs/promises.
  * A kill -9 never tears a write, so only these tests can see a missing fsync or rename.
  */
 vi.mock("node:fs/promises", async (importOriginal) =>
@@ -182,34 +181,5 @@ describe("task dirs", () => {
     expect(await dirs.sweepLeftovers(new Set())).toEqual([dir]);
     const removed = lastIndex((e) => e.op === "rm" && e.path === dir);
     expect(dirSyncedAfter(fsJournal, removed, dirs.root)).toBe(true);
-  });
-});
-
-describe("authorized_keys", () => {
-  const KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIM3w4GVANxwykR9noGY7PCFNXEBbweA+ReD2IuJzgeUW alice@laptop";
-  const lookupIn =
-    (home: string): UserLookup =>
-    (name) =>
-      Promise.resolve({ name, home, uid: process.getuid?.() ?? 0, gid: process.getgid?.() ?? 0 });
-
-  it("is replaced through a fsynced temp file and a rename, then ~/.ssh is fsynced", async () => {
-    const ssh = join(root, ".ssh");
-    await mkdir(ssh);
-    await writeFile(join(ssh, "authorized_keys"), "ssh-ed25519 AAAA kept-by-hand\n");
-    resetFsJournal();
-    await new AuthorizedKeys(lookupIn(root)).reconcile("alice", [KEY]);
-    expect(durableReplaceViolations(fsJournal, join(ssh, "authorized_keys"))).toEqual([]);
-    expect(await readFile(join(ssh, "authorized_keys"), "utf8")).toBe(
-      `ssh-ed25519 AAAA kept-by-hand\n${KEY} ${PUBLIC_KEY_MARKER}\n`,
-    );
-  });
-
-  it("creates ~/.ssh durably (the home is fsynced after the mkdir) before the first file", async () => {
-    await new AuthorizedKeys(lookupIn(root)).reconcile("alice", [KEY]);
-    const ssh = join(root, ".ssh");
-    const created = lastIndex((e) => e.op === "mkdir" && e.path === ssh);
-    expect(created).toBeGreaterThan(-1);
-    expect(dirSyncedAfter(fsJournal, created, root)).toBe(true);
-    expect(durableReplaceViolations(fsJournal, join(ssh, "authorized_keys"))).toEqual([]);
   });
 });

@@ -2,9 +2,9 @@ import { posix } from "node:path";
 import Type, { type Static, type TSchema } from "typebox";
 import { Compile, type Validator } from "typebox/compile";
 import Value from "typebox/value";
-import { parseImageReference } from "../docker/image-ref.js";
-import { canonicalizePublicKey } from "../host/ssh-public-key.js";
-import type { VolumeInfo } from "../host/volumes.js";
+import { parseImageReference } from "./image-ref.js";
+import { canonicalizePublicKey } from "./ssh-public-key.js";
+import type { VolumeInfo } from "./task-parts.js";
 import { errorMessage } from "../errors/error-message.js";
 
 /*

@@ -1,5 +1,4 @@
-import type { PortMapping } from "../docker/docker-client.js";
-import type { ImagePullProgress } from "../docker/pull-progress.js";
+import type { ImagePullProgress, PortMapping } from "./task-parts.js";
 import { containerNameFor } from "./container-name.js";
 import type { TaskConfig } from "./task-config.js";
 import type { TaskStatus } from "./task-status.js";

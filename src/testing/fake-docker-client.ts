@@ -13,11 +13,11 @@ import {
   type ContainerEvent,
   type ContainerState,
   type DockerClient,
-  type PortMapping,
   type PullAuth,
   type RemovalConfirmed,
   type TaskContainerSummary,
 } from "../docker/docker-client.js";
+import type { PortMapping } from "../tasks/task-parts.js";
 import { DockerConflictError, DockerNotFoundError } from "../docker/docker-errors.js";
 import { pullStream, SUCCESSFUL_PULL_LINES } from "./pull-streams.js";
 

@@ -525,12 +525,18 @@ export class ChaosOracle {
 
   /**
    * I3 for task dirs: `<home>/runners` (each dir name with its files) holds the dirs of listed
-   * tasks, and dirs whose task.json was quarantined.
+   * tasks, and dirs whose task.json was quarantined (moved to `<home>/quarantine/`, named in
+   * `quarantined`; releases up to 1.0.0 renamed it in place).
    */
-  checkDirs(view: ReadonlyMap<string, TaskInfo>, runners: ReadonlyMap<string, readonly string[]>): void {
+  checkDirs(
+    view: ReadonlyMap<string, TaskInfo>,
+    runners: ReadonlyMap<string, readonly string[]>,
+    quarantined: ReadonlySet<string>,
+  ): void {
     const names = new Set([...view.values()].map((i) => i.container_name));
     for (const [name, files] of runners) {
       if (names.has(name)) continue;
+      if (!name.startsWith(".") && !files.includes("task.json") && quarantined.has(name)) continue;
       if (!name.startsWith(".") && files.some((f) => f.startsWith("task.json.quarantined-"))) continue;
       this.violation("leaked_dirs", `${join("runners", name)} belongs to no task (${files.join(",")})`);
     }

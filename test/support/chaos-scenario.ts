@@ -646,7 +646,7 @@ export class Scenario {
     const { marked } = await this.checkKeysFile("oracle");
     this.books.checkKeys(view, marked);
     this.books.checkMounts(live, await this.mounts(), this.mountRoot);
-    this.books.checkDirs(view, await this.runnerDirs());
+    this.books.checkDirs(view, await this.runnerDirs(), await this.quarantinedDirs());
     if (options.probeGpus) await this.probeGpus(live);
 
     const found = this.books.takeViolations();
@@ -677,6 +677,12 @@ export class Scenario {
   }
 
   /** Each dir under `<home>/runners` with the names of its files. */
+  /** The task dir names whose task.json lies in `<home>/quarantine/` (`<dir>.<ms>.task.json`). */
+  private async quarantinedDirs(): Promise<Set<string>> {
+    const names = await readdir(join(this.home, "quarantine")).catch(() => [] as string[]);
+    return new Set(names.map((n) => /^(.+)\.\d+\.task\.json$/.exec(n)?.[1]).filter((n) => n !== undefined));
+  }
+
   private async runnerDirs(): Promise<Map<string, string[]>> {
     const runners = join(this.home, "runners");
     const dirs = new Map<string, string[]>();
