@@ -2,7 +2,6 @@ import { StringDecoder } from "node:string_decoder";
 import { errorMessage } from "../errors/error-message.js";
 import type { ImagePullProgress } from "../tasks/task-parts.js";
 
-
 /**
  * One line of Docker's `POST /images/create` NDJSON stream (moby's `jsonmessage.JSONMessage`),
  * reduced to the fields the shim reads. Fields of the wrong type are dropped while parsing.

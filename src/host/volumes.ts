@@ -6,7 +6,6 @@ import { CommandFailedError, runChecked, type CommandRunner } from "../exec/run-
 import { errorMessage } from "../errors/error-message.js";
 import type { VolumeInfo } from "../tasks/task-parts.js";
 
-
 /** A host directory bind-mounted into the container (`TaskConfig.instance_mounts`). */
 export interface InstanceMountPoint {
   readonly instance_path: string;
