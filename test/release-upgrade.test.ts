@@ -9,7 +9,7 @@ import { removeImagesOf, testDocker } from "./support/docker.js";
 import { createUniqueImage, ensureTestImages, type TestImages } from "./support/images.js";
 import { startRegistry, type LocalRegistry } from "./support/registry.js";
 import { previousRelease, releaseBinary, type Release } from "./support/releases.js";
-import { freePort, SHIM_BUNDLE, tempHome } from "./support/shim-process.js";
+import { freePort, tempHome, upgradeArgv } from "./support/shim-process.js";
 import { startSlowProxy, type SlowProxy } from "./support/slow-proxy.js";
 
 /*
@@ -165,21 +165,7 @@ async function healthVersion(): Promise<{ version: string; build_id: string | un
 
 /** `taskshim upgrade` of the build under test, to `binary`: its JSON result. */
 async function roll(binary: Binary): Promise<Record<string, unknown>> {
-  const { stdout } = await exec(
-    process.execPath,
-    [
-      SHIM_BUNDLE,
-      "upgrade",
-      "--shim",
-      url,
-      "--url",
-      `file://${binary.path}`,
-      "--sha256",
-      binary.sha256,
-      "--json",
-    ],
-    { timeout: 180_000 },
-  );
+  const { stdout } = await exec(process.execPath, upgradeArgv(url, binary), { timeout: 180_000 });
   const [result] = JSON.parse(stdout) as Record<string, unknown>[];
   expect(result, stdout).toMatchObject({ outcome: "upgraded" });
   return result ?? {};

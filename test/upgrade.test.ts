@@ -8,7 +8,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { removeImagesOf, testDocker } from "./support/docker.js";
 import { createUniqueImage, ensureTestImages, type TestImages } from "./support/images.js";
 import { startRegistry, type LocalRegistry } from "./support/registry.js";
-import { freePort, SHIM_BUNDLE, tempHome, type TaskInfo } from "./support/shim-process.js";
+import { freePort, tempHome, upgradeArgv, type TaskInfo } from "./support/shim-process.js";
 import { startSlowProxy, type SlowProxy } from "./support/slow-proxy.js";
 
 /*
@@ -96,21 +96,7 @@ async function rollOut(
   onDown: () => Promise<void>,
 ): Promise<{ windowMs: number; table: string; refused: number; answered: number }> {
   const binary = binaries[target];
-  const cli = exec(
-    process.execPath,
-    [
-      SHIM_BUNDLE,
-      "upgrade",
-      "--shim",
-      url,
-      "--url",
-      `file://${binary.path}`,
-      "--sha256",
-      binary.sha256,
-      "--json",
-    ],
-    { timeout: 120_000 },
-  );
+  const cli = exec(process.execPath, upgradeArgv(url, binary), { timeout: 120_000 });
   let fired = false;
   let refused = 0;
   let answered = 0;

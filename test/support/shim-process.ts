@@ -30,6 +30,24 @@ export function bundleNodeFlags(bundle: string = SHIM_BUNDLE): string[] {
   }
 }
 
+/**
+ * The node arguments of `taskshim upgrade --json` (the build under test's CLI) rolling the shim
+ * at `shimUrl` to the binary at `binary.path`, checked by its sha256.
+ */
+export function upgradeArgv(shimUrl: string, binary: { path: string; sha256: string }): string[] {
+  return [
+    SHIM_BUNDLE,
+    "upgrade",
+    "--shim",
+    shimUrl,
+    "--url",
+    `file://${binary.path}`,
+    "--sha256",
+    binary.sha256,
+    "--json",
+  ];
+}
+
 /** A task as `GET /api/tasks/{id}` returns it. */
 export interface TaskInfo {
   id: string;
