@@ -3,6 +3,7 @@ import { basename, posix } from "node:path";
 import pLimit from "p-limit";
 import type { ContainerDetails, TaskContainerSummary } from "../docker/docker-client.js";
 import { gpuIdsFromContainer } from "../docker/gpu-devices.js";
+import { decodeStoredConfig } from "../state/stored-config.js";
 import type { ScannedTaskDir } from "../state/task-dirs.js";
 import { epochOf, UnsupportedTaskStateVersionError, type TaskState } from "../state/task-state-file.js";
 import { newTask, type Task } from "../tasks/task.js";
@@ -342,9 +343,10 @@ function add(ctx: RunnerContext, task: Task): boolean {
 }
 
 /**
- * A container created by a shim without task.json: only what the container itself tells. Built
- * as a stored config (not through the submit validator, whose policy may refuse a label or a
- * mount name), so that its task.json, once written, reads back with the same id.
+ * A container created by a shim without task.json: only what the container itself tells. Read
+ * as a stored config (the reader that restores every task.json, with the same zero values), not
+ * through the submit validator, whose policy may refuse a label or a mount name: its task.json,
+ * once written, reads back with the same id.
  */
 function legacyConfig(
   taskId: string,
@@ -353,31 +355,13 @@ function legacyConfig(
 ): TaskConfig {
   // A mount whose name the submit would refuse is not taken for a volume this task may release.
   const named = volumes.filter((v) => isValidVolumeName(v.name));
-  return {
+  return decodeStoredConfig({
     id: taskId,
     name: container.name.replace(/-[0-9a-f]{8}$/, "") || "task",
     image_name: "unknown",
-    container_user: "root",
-    privileged: false,
-    gpu: 0,
-    cpu: 0,
-    memory: 0,
-    shm_size: 0,
-    network_mode: "host",
-    volumes: named.map((v) => ({
-      name: v.name,
-      backend: "",
-      volume_id: "",
-      init_fs: false,
-      device_name: "",
-    })),
+    volumes: named.map((v) => ({ name: v.name })),
     volume_mounts: named.map((v) => ({ name: v.name, path: v.path })),
-    instance_mounts: [],
-    gpu_devices: [],
-    host_ssh_user: "",
-    host_ssh_keys: [],
-    container_ssh_keys: [],
-  };
+  });
 }
 
 /**
