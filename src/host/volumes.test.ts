@@ -3,7 +3,7 @@ import { chmod, mkdir, mkdtemp, rm, stat, symlink, writeFile } from "node:fs/pro
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
-import { EXPIRED, exited, ScriptedCommands } from "../testing/fake-command-runner.js";
+import { EXPIRED, exited, INTERRUPTED, ScriptedCommands } from "../testing/fake-command-runner.js";
 import { CommandFailedError, type BoundedOutcome, type CommandRunner } from "../exec/run-bounded.js";
 import {
   HostVolumes,
@@ -173,23 +173,7 @@ describe("HostVolumes", () => {
 
     it.each([
       ["timed out", () => EXPIRED],
-      [
-        "interrupted",
-        (): BoundedOutcome => ({
-          kind: "interrupted",
-          kill: { ok: true },
-          operationElapsedMs: 5,
-          cleanup: {
-            trigger: "interruption",
-            elapsed_ms: 5,
-            reap_grace_ms: 0,
-            io_drain_grace_ms: 0,
-            kill_attempted: true,
-            verified: true,
-            error: null,
-          },
-        }),
-      ],
+      ["interrupted", () => INTERRUPTED],
       [
         "killed by a signal",
         (): BoundedOutcome => ({

@@ -16,7 +16,7 @@ import { UserKeysReconcileError } from "../host/authorized-keys.js";
 import { containerNameFor } from "../tasks/container-name.js";
 import { sshEd25519PublicKey, taskConfig } from "../testing/fixtures.js";
 import { makeContext, type TestEnv } from "../testing/test-context.js";
-import type { BoundedOutcome } from "../exec/run-bounded.js";
+import { INTERRUPTED } from "../testing/fake-command-runner.js";
 import { armFailpoints } from "./failpoints.js";
 import { restoreTasks } from "./restore.js";
 import { REGISTRY_AUTH_FILE } from "./registry-auth-file.js";
@@ -275,27 +275,13 @@ describe("TaskRunner.submit into an existing task dir", () => {
 
 describe("U9 a graceful stop during volume preparation", () => {
   const volume = { backend: "gcp", name: "data", volume_id: "vol-1", init_fs: true, device_name: "pd-data" };
-  const interrupted: BoundedOutcome = {
-    kind: "interrupted",
-    kill: { ok: true },
-    operationElapsedMs: 5,
-    cleanup: {
-      trigger: "interruption",
-      elapsed_ms: 5,
-      reap_grace_ms: 0,
-      io_drain_grace_ms: 0,
-      kill_attempted: true,
-      verified: true,
-      error: null,
-    },
-  };
 
   it("leaves the task preparing (never executor_error), and the next start resumes it to running", async () => {
     // The shutdown interrupts the volume command in flight (a slow blkid or mkfs, here mountpoint).
     env.commands.script = (argv) => {
       if (argv[0] !== "mountpoint") return undefined;
       env.shutdownController.abort(new Error("shim shutting down"));
-      return interrupted;
+      return INTERRUPTED;
     };
     const task = await env.submitAndStart({ volumes: [volume] });
     expect(task).toMatchObject({ status: "preparing", terminationReason: "" });
@@ -318,7 +304,7 @@ describe("U9 a graceful stop during volume preparation", () => {
     env.commands.script = (argv) =>
       argv[0] === "mountpoint"
         ? {
-            ...interrupted,
+            ...INTERRUPTED,
             kind: "exited",
             code: null,
             signal: "SIGKILL",

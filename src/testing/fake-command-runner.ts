@@ -60,3 +60,19 @@ export const EXPIRED: BoundedOutcome = {
   operationElapsedMs: 10_000,
   cleanup: null,
 };
+
+/** An `interrupted` outcome: the shim's shutdown killed the command (cleanly, after 5 ms). */
+export const INTERRUPTED: BoundedOutcome = {
+  kind: "interrupted",
+  kill: { ok: true },
+  operationElapsedMs: 5,
+  cleanup: {
+    trigger: "interruption",
+    elapsed_ms: 5,
+    reap_grace_ms: 0,
+    io_drain_grace_ms: 0,
+    kill_attempted: true,
+    verified: true,
+    error: null,
+  },
+};
