@@ -8,9 +8,10 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import pkg from "../package.json" with { type: "json" };
 import { formatBytes } from "../src/cli/sizes.js";
 import { shellQuote } from "../src/docker/container-spec.js";
-import { testDocker } from "./support/docker.js";
+import { removeImagesOf, testDocker } from "./support/docker.js";
 import { createUniqueImage, ensureTestImages, type TestImages } from "./support/images.js";
 import { startRegistry, type LocalRegistry } from "./support/registry.js";
+import { startSlowProxy } from "./support/slow-proxy.js";
 import { freePort, SHIM_BUNDLE, ShimProcess, type TaskInfo } from "./support/shim-process.js";
 
 /*
@@ -648,26 +649,31 @@ describe("taskshim tasks submit: pull progress from a registry", () => {
   it.skipIf(!hasScript)("clears the bar of a failed pull from the terminal", async () => {
     const { id, name } = newTask("tty-fail");
     const image = await pushedImage("cli/tty-fail");
-    const args = privateSleepTask(id, name, image);
-    args[args.indexOf("--registry-password") + 1] = "wrong-password-0000";
-    const result = await underTerminal([
-      process.execPath,
-      SHIM_BUNDLE,
-      "tasks",
-      "submit",
-      "--shim",
-      shim.url,
-      ...args,
-    ]);
-    expect(result.code).toBe(1);
-    expect(result.stdout).toMatch(/terminated: creating_container_error/);
-    // The bar drawn while the pull was tried is cleared (\r ESC[K) before the next line is written:
-    // what follows the last bar frame starts with the clear, not with a newline.
-    const lastBar = result.stdout.lastIndexOf("%");
-    expect(lastBar).toBeGreaterThan(0);
-    const after = result.stdout.slice(lastBar);
-    expect(after.indexOf("\r\x1b[K")).toBeGreaterThanOrEqual(0);
-    expect(after.slice(0, after.indexOf("\r\x1b[K"))).not.toContain("\n");
+    // The layer arrives slowly (the bar is drawn) and corrupted: the pull fails its digest check.
+    const proxy = await startSlowProxy(registry.host, 256 * 1024, { corruptBlobsOver: 64 * 1024 });
+    try {
+      const result = await underTerminal([
+        process.execPath,
+        SHIM_BUNDLE,
+        "tasks",
+        "submit",
+        "--shim",
+        shim.url,
+        ...privateSleepTask(id, name, image.replace(registry.host, proxy.host)),
+      ]);
+      expect(result.code, result.stdout).toBe(1);
+      expect(result.stdout).toMatch(/terminated: creating_container_error/);
+      // The bar drawn while the pull ran is cleared (\r ESC[K) before the next line is written:
+      // what follows the last bar frame starts with the clear, not with a newline.
+      expect(barFrames(result.stdout).length, result.stdout).toBeGreaterThan(0);
+      const lastBar = result.stdout.lastIndexOf("%");
+      const after = result.stdout.slice(lastBar);
+      expect(after.indexOf("\r\x1b[K")).toBeGreaterThanOrEqual(0);
+      expect(after.slice(0, after.indexOf("\r\x1b[K"))).not.toContain("\n");
+    } finally {
+      await proxy.close();
+      await removeImagesOf(proxy.host);
+    }
   });
 });
 

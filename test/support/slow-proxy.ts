@@ -8,11 +8,25 @@ export interface SlowProxy {
   close(): Promise<void>;
 }
 
+/** How the proxy treats blobs beyond slowing them. */
+export interface SlowProxyOptions {
+  /**
+   * Flip the first byte of every blob body longer than this many bytes (layers, not the small
+   * image config): the pull draws progress, then fails its digest check, which Docker does not
+   * retry.
+   */
+  readonly corruptBlobsOver?: number;
+}
+
 /**
  * Starts an HTTP proxy in front of `target` (`host:port`) that sends blob bodies at about
  * `bytesPerSecond`; everything else passes at full speed.
  */
-export async function startSlowProxy(target: string, bytesPerSecond: number): Promise<SlowProxy> {
+export async function startSlowProxy(
+  target: string,
+  bytesPerSecond: number,
+  options: SlowProxyOptions = {},
+): Promise<SlowProxy> {
   const [targetHost, targetPort] = target.split(":");
   const server: Server = createServer((req, res) => {
     const upstream = request(
@@ -23,9 +37,16 @@ export async function startSlowProxy(target: string, bytesPerSecond: number): Pr
           answer.pipe(res);
           return;
         }
+        const length = Number(answer.headers["content-length"] ?? 0);
+        let corrupt = options.corruptBlobsOver !== undefined && length > options.corruptBlobsOver;
         void (async () => {
           const slice = Math.max(1024, Math.floor(bytesPerSecond / 10));
-          for await (const chunk of answer as AsyncIterable<Buffer>) {
+          for await (const received of answer as AsyncIterable<Buffer>) {
+            const chunk = corrupt && received.length > 0 ? Buffer.from(received) : received;
+            if (corrupt && chunk.length > 0) {
+              chunk[0] = (chunk[0] ?? 0) ^ 0xff;
+              corrupt = false;
+            }
             for (let offset = 0; offset < chunk.length; offset += slice) {
               if (res.destroyed) return;
               res.write(chunk.subarray(offset, offset + slice));
