@@ -16,7 +16,7 @@ import { GpuLock } from "../host/gpu-lock.js";
 import { HostVolumes } from "../host/volumes.js";
 import { armFailpoints } from "../runner/failpoints.js";
 import { Reconciler } from "../runner/reconciler.js";
-import { restoreTasks } from "../runner/restore.js";
+import { recover } from "../runner/recover.js";
 import type { RunnerContext } from "../runner/runner-context.js";
 import { ContainerOwnership } from "../runner/ownership.js";
 import { TaskRunner } from "../runner/task-runner.js";
@@ -264,22 +264,13 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
     // disk; nothing listens before the restore and the first tick are done.
     const apiReady = (async () => void (await app.ready()))();
     apiReady.catch(() => undefined); // awaited below; a failed restore must not leave it unhandled
-    const report = await restoreTasks(ctx);
-    // What the restore reconciled (a start cut after its container started) is made durable now,
-    // or a container that vanishes before the next change would send the task back to `creating`.
-    // (On a degraded home they stay not yet durable and are written once it takes writes.)
-    for (const id of report.changed) await runner.persister.persist(id).catch(() => undefined);
+    // Restore, persist what it reconciled, the first tick, host keys (runner/recover.ts); the
+    // cut starts resume once the API serves.
+    const recovery = await recover({ ctx, runner, reconciler });
+    const report = recovery.report;
     metrics.restoredTasks.set(report.restored);
     metrics.quarantined.set({ kind: "corrupt" }, report.quarantineHeld);
     metrics.quarantined.set({ kind: "newer-format" }, report.skippedNewer.length);
-
-    // Exits that happened while the shim was down are final before the first request. The
-    // restore's list, just taken, shows them: a second list would cost a round trip for nothing.
-    await reconciler.tick(report.listed);
-    // After the tick: tasks that ended while the shim was down no longer claim their keys.
-    await runner.reconcileHostKeys().catch((error: unknown) => {
-      log.error({ err: error }, "host keys reconcile at startup failed");
-    });
 
     const checked = components.refresh().then(() => {
       if (config.runnerDownloadUrl && !existsSync(config.runnerBinaryPath)) {
@@ -327,7 +318,7 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
     const loop = reconciler.run();
     const events = config.testing.noEvents ? Promise.resolve() : reconciler.followEvents();
     const probing = storage.run(shutdownController.signal);
-    for (const id of report.resumed) runner.startInBackground(id);
+    recovery.resumeStarts();
     const stopHeapTrim = startHeapTrim();
 
     let deadline: ShutdownDeadline | undefined;
