@@ -9,15 +9,53 @@ const SHIM_TASK_LABEL = "ai.dstack.shim.is-task";
 /** Prefix of the container names the tests give their tasks. */
 const TEST_NAME_PREFIX = "tst-";
 
-let client: Docker | undefined;
+/** The engines the integration tests run on (the vitest projects `docker` and `podman`). */
+export type TestEngine = "docker" | "podman";
 
 /**
- * The Docker client the integration tests use: `DOCKER_HOST` when set (unix:// or tcp://), else the
- * default `/var/run/docker.sock`. One instance per test process.
+ * The engine of this test run: `TASKSHIM_TEST_ENGINE` (the `podman` project sets it beside
+ * `DOCKER_HOST`), else Docker. For the few assertions that differ by engine; each says why.
  */
-export function testDocker(): Docker {
-  client ??= new Docker();
+export function testEngine(): TestEngine {
+  return process.env.TASKSHIM_TEST_ENGINE === "podman" ? "podman" : "docker";
+}
+
+const clients = new Map<string, Docker>();
+
+/**
+ * The engine client the integration tests use: `DOCKER_HOST` (unix:// or tcp://, the `podman`
+ * project points it at Podman's socket), else the default `/var/run/docker.sock`. One instance
+ * per endpoint and test process; `host` names another endpoint (the global setup, which serves
+ * both projects from one process).
+ */
+export function testDocker(host: string | undefined = process.env.DOCKER_HOST): Docker {
+  const key = host ?? "";
+  let client = clients.get(key);
+  if (client === undefined) {
+    client = host?.startsWith("unix://")
+      ? new Docker({ socketPath: host.slice("unix://".length) })
+      : new Docker();
+    clients.set(key, client);
+  }
   return client;
+}
+
+const podmanAnswers = new WeakMap<Docker, Promise<boolean>>();
+
+/**
+ * Whether the engine behind a client is Podman (`GET /version`: Components[0].Name), asked once
+ * per client. For the global setup, which serves both projects from one process and so cannot
+ * go by {@link testEngine}.
+ */
+export function isPodman(docker: Docker): Promise<boolean> {
+  let answer = podmanAnswers.get(docker);
+  if (answer === undefined) {
+    answer = docker
+      .version()
+      .then((v) => (v as { Components?: { Name?: string }[] }).Components?.[0]?.Name === "Podman Engine");
+    podmanAnswers.set(docker, answer);
+  }
+  return answer;
 }
 
 /** True for a dockerode error that carries the given HTTP status. */
@@ -29,8 +67,7 @@ export function hasStatusCode(err: unknown, status: number): boolean {
  * Force-remove every test container: those labelled `taskshim.test=1`, and the shim's task containers
  * (`ai.dstack.shim.is-task=true`) whose name starts with `tst-`. Containers that vanish meanwhile are fine.
  */
-export async function removeTestContainers(): Promise<void> {
-  const docker = testDocker();
+export async function removeTestContainers(docker: Docker = testDocker()): Promise<void> {
   const [labelled, tasks] = await Promise.all([
     docker.listContainers({ all: true, filters: { label: [`${TEST_LABEL}=1`] } }),
     docker.listContainers({ all: true, filters: { label: [`${SHIM_TASK_LABEL}=true`] } }),

@@ -1,33 +1,55 @@
 import { readFileSync } from "node:fs";
-import { removeTestContainers, testDocker } from "./docker.js";
+import type { TestProject } from "vitest/node";
+import { removeTestContainers, testDocker, type TestEngine } from "./docker.js";
 import { ensureTestImages, removeUniqueImages } from "./images.js";
 
 const PING_TIMEOUT_MS = 5_000;
 
 /**
- * Vitest globalSetup of the `docker` project: requires a reachable engine (these tests never skip;
- * `npm test` runs `scripts/ensure-engine.mjs` first), builds the local test images, and returns a
- * teardown that removes the test containers and throwaway images.
+ * Vitest globalSetup of the `docker` and `podman` projects: requires a reachable engine (these
+ * tests never skip; `npm test` runs `scripts/ensure-engine.mjs` first), builds the local test
+ * images, and returns a teardown that removes the test containers and throwaway images. The
+ * engine is the project's (`env.DOCKER_HOST`, `env.TASKSHIM_TEST_ENGINE`): one process may
+ * set up both projects, so nothing here reads them from `process.env` alone.
  */
-export default async function setup(): Promise<() => Promise<void>> {
+export default async function setup(project: TestProject): Promise<() => Promise<void>> {
   assertPinnedNode();
-  const endpoint = process.env.DOCKER_HOST ?? "unix:///var/run/docker.sock";
+  const env = (project.config.env ?? {}) as Record<string, string | undefined>;
+  const engine: TestEngine = env.TASKSHIM_TEST_ENGINE === "podman" ? "podman" : "docker";
+  const host = env.DOCKER_HOST ?? process.env.DOCKER_HOST;
+  const endpoint = host ?? "unix:///var/run/docker.sock";
+  const docker = testDocker(host);
   try {
-    await pingWithin(PING_TIMEOUT_MS);
+    await withinMs(PING_TIMEOUT_MS, docker.ping());
   } catch (err) {
     const why = err instanceof Error ? err.message : String(err);
     const ci = process.env.CI === "true" ? " (CI=true: an unreachable engine fails the run)" : "";
+    const start =
+      engine === "podman"
+        ? "run `node scripts/ensure-engine.mjs --engine podman` (as root it installs Podman and starts its service) or `npm run test:podman`."
+        : "run `node scripts/ensure-engine.mjs` (as root it installs and starts dockerd) or `npm run test:docker`.";
     throw new Error(
-      `Docker Engine unreachable at ${endpoint}${ci}: ${why}. The docker tests need a real engine: ` +
-        "run `node scripts/ensure-engine.mjs` (as root it installs and starts dockerd) or `npm run test:docker`.",
+      `${engine === "podman" ? "Podman" : "Docker Engine"} unreachable at ${endpoint}${ci}: ${why}. ` +
+        `The ${engine} tests need a real engine: ${start}`,
       { cause: err },
     );
   }
-  await ensureTestImages();
+  const version = (await docker.version()) as { Components?: { Name?: string; Version?: string }[] };
+  const component = version.Components?.[0];
+  const isPodman = component?.Name === "Podman Engine";
+  if (isPodman !== (engine === "podman")) {
+    throw new Error(
+      `the ${engine} project's engine at ${endpoint} is ${component?.Name ?? "unknown"}: point DOCKER_HOST at a ${engine} engine`,
+    );
+  }
+  console.log(
+    `${engine} tests on ${component?.Name ?? "the engine"} ${component?.Version ?? "?"} at ${endpoint}`,
+  );
+  await ensureTestImages(docker);
 
   return async function teardown(): Promise<void> {
-    await removeTestContainers();
-    await removeUniqueImages();
+    await removeTestContainers(docker);
+    await removeUniqueImages(docker);
   };
 }
 
@@ -49,13 +71,13 @@ function assertPinnedNode(): void {
   }
 }
 
-async function pingWithin(ms: number): Promise<void> {
+async function withinMs<T>(ms: number, work: Promise<T>): Promise<T> {
   let timer: NodeJS.Timeout | undefined;
   const timeout = new Promise<never>((_, reject) => {
     timer = setTimeout(() => reject(new Error(`no answer to /_ping within ${ms} ms`)), ms);
   });
   try {
-    await Promise.race([testDocker().ping(), timeout]);
+    return await Promise.race([work, timeout]);
   } finally {
     clearTimeout(timer);
   }

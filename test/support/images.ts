@@ -16,7 +16,9 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { promisify } from "node:util";
 
-import { expectProgressOk, hasStatusCode, TEST_LABEL, testDocker } from "./docker.js";
+import type Docker from "dockerode";
+
+import { expectProgressOk, hasStatusCode, isPodman, TEST_LABEL, testDocker } from "./docker.js";
 
 const execFileAsync = promisify(execFile);
 
@@ -43,25 +45,30 @@ const FAKE_SSHD = "#!/bin/sh\n# taskshim test image: stands in for OpenSSH's ssh
 const PASSWD = "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n";
 const GROUP = "root:x:0:\nnogroup:x:65534:\n";
 
-let building: Promise<TestImages> | undefined;
+/** One build per engine client (the global setup may serve two engines from one process). */
+const building = new Map<Docker, Promise<TestImages>>();
 
 /**
  * Make sure the test images exist locally, building the missing ones by `docker import` of a rootfs
  * holding Debian's static busybox. Fast when both tags exist; never pulls.
  */
-export function ensureTestImages(): Promise<TestImages> {
-  building ??= buildMissing().catch((err: unknown) => {
-    building = undefined;
-    throw err;
-  });
-  return building;
+export function ensureTestImages(docker: Docker = testDocker()): Promise<TestImages> {
+  let build = building.get(docker);
+  if (build === undefined) {
+    build = buildMissing(docker).catch((err: unknown) => {
+      building.delete(docker);
+      throw err;
+    });
+    building.set(docker, build);
+  }
+  return build;
 }
 
-async function buildMissing(): Promise<TestImages> {
+async function buildMissing(docker: Docker): Promise<TestImages> {
   // Sequential on purpose: both share the busybox lookup and the engine does the heavy lifting.
-  if (!(await imageExists(TEST_IMAGES.busybox))) await importRootfs(TEST_IMAGES.busybox, {});
-  if (!(await imageExists(TEST_IMAGES.runner))) {
-    await importRootfs(TEST_IMAGES.runner, { "usr/sbin/sshd": FAKE_SSHD });
+  if (!(await imageExists(TEST_IMAGES.busybox, docker))) await importRootfs(TEST_IMAGES.busybox, {}, docker);
+  if (!(await imageExists(TEST_IMAGES.runner, docker))) {
+    await importRootfs(TEST_IMAGES.runner, { "usr/sbin/sshd": FAKE_SSHD }, docker);
   }
   return TEST_IMAGES;
 }
@@ -86,8 +93,7 @@ export async function createUniqueImage(base: keyof TestImages = "busybox"): Pro
  * the test images left without a tag (two per run: 33.7 MB had piled up over the sessions). One a
  * container still uses (another run's, on a shared engine) is left for that run's own teardown.
  */
-export async function removeUniqueImages(): Promise<void> {
-  const docker = testDocker();
+export async function removeUniqueImages(docker: Docker = testDocker()): Promise<void> {
   const images = await docker.listImages({ filters: { reference: [UNIQUE_REPO] } });
   for (const image of images) {
     try {
@@ -108,9 +114,9 @@ export async function removeUniqueImages(): Promise<void> {
   }
 }
 
-async function imageExists(ref: string): Promise<boolean> {
+async function imageExists(ref: string, docker: Docker = testDocker()): Promise<boolean> {
   try {
-    await testDocker().getImage(ref).inspect();
+    await docker.getImage(ref).inspect();
     return true;
   } catch (err) {
     if (hasStatusCode(err, 404)) return false;
@@ -119,7 +125,11 @@ async function imageExists(ref: string): Promise<boolean> {
 }
 
 /** Build a busybox rootfs (plus `extraFiles`, path → content, mode 0755), tar it and import it as `tag`. */
-async function importRootfs(tag: string, extraFiles: Readonly<Record<string, string>>): Promise<void> {
+async function importRootfs(
+  tag: string,
+  extraFiles: Readonly<Record<string, string>>,
+  docker: Docker = testDocker(),
+): Promise<void> {
   const work = await mkdtemp(join(tmpdir(), "taskshim-image-"));
   try {
     const rootfs = join(work, "rootfs");
@@ -133,14 +143,16 @@ async function importRootfs(tag: string, extraFiles: Readonly<Record<string, str
       },
     );
     const [repo, version] = splitTag(tag);
-    const stream = await testDocker().importImage(tarball, {
-      repo,
-      tag: version,
+    // Podman 4.3's import ignores `tag` (the image is named repo:latest); the whole reference as
+    // `repo` names it right there.
+    const name = (await isPodman(docker)) ? { repo: tag } : { repo, tag: version };
+    const stream = await docker.importImage(tarball, {
+      ...name,
       changes: ['CMD ["/bin/sh"]', `ENV ${PATH_ENV}`, `LABEL ${TEST_LABEL}.image=1`],
       abortSignal: AbortSignal.timeout(IMPORT_TIMEOUT_MS),
     });
     await expectProgressOk(stream, `docker import ${tag}`);
-    if (!(await imageExists(tag)))
+    if (!(await imageExists(tag, docker)))
       throw new Error(`docker import ${tag} reported success but the tag is missing`);
   } finally {
     await rm(work, { recursive: true, force: true });
