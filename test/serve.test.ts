@@ -3,7 +3,7 @@ import { createServer, type Server } from "node:net";
 import { join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { testDocker } from "./support/docker.js";
+import { testDocker, testEngine } from "./support/docker.js";
 import { ensureTestImages, type TestImages } from "./support/images.js";
 import { ShimProcess, tempHome } from "./support/shim-process.js";
 
@@ -158,16 +158,22 @@ describe("taskshim serve", () => {
     });
     expect(serving?.time).toMatch(/^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$/);
 
-    // The engine refuses a 1 KiB memory limit: a user's mistake, not the shim's.
+    // The engine refuses a 1 KiB memory limit: a user's mistake, not the shim's. Docker refuses
+    // the create; Podman creates the container and runc refuses the start, which the shim (as
+    // dstack-shim) reports as a start error, container_exited_with_error.
+    const refusal =
+      testEngine() === "podman"
+        ? { reason: "container_exited_with_error", phrase: /unable to set memory limit to 1024/ }
+        : { reason: "creating_container_error", phrase: /Minimum memory limit[^:]*/ };
     const cfg = { ...task(["true"]), memory: 1024 };
     await shim.submit(cfg);
     const done = await shim.waitTerminated(cfg.id);
-    expect(done.termination_reason).toBe("creating_container_error");
+    expect(done.termination_reason).toBe(refusal.reason);
     const failure = lines().find((l) => l.msg === "task failed to start" && l.taskId === cfg.id);
     expect(failure).toMatchObject({ level: 40 });
     expect(JSON.stringify(failure)).not.toContain("stack");
     const text = String(failure?.error);
-    const phrase = /Minimum memory limit[^:]*/.exec(text)?.[0] ?? "";
+    const phrase = refusal.phrase.exec(text)?.[0] ?? "";
     expect(phrase).not.toBe("");
     expect(text.split(phrase)).toHaveLength(2);
     await shim.remove(cfg.id);
@@ -278,7 +284,9 @@ describe("taskshim serve", () => {
     await shim.kill();
     const container = testDocker().getContainer(running.container_id);
     const exec = await container.exec({ Cmd: ["touch", "/tmp/runner/go"] });
-    await exec.start({});
+    // Detached: Podman refuses an exec start that attaches no stream ("must provide at least one
+    // stream to attach to"); the container's exit is what the test waits for.
+    await exec.start({ Detach: true });
     await container.wait();
 
     const again = await start({ home: shim.home });
