@@ -10,6 +10,11 @@ export const LABEL_TASK_ID = "ai.dstack.shim.task-id";
  * container. Containers of another home on the same engine are never acted on.
  */
 export const LABEL_OWNER = "ai.dstack.taskshim.owner";
+/**
+ * taskshim's label on a Podman container given GPUs through CDI: their CDI names, comma-separated.
+ * Podman's inspect reports neither device requests nor CDI devices, so a restart reads them here.
+ */
+export const LABEL_CDI_DEVICES = "ai.dstack.taskshim.cdi-devices";
 
 /** Docker's container states. */
 export type ContainerState = "created" | "running" | "paused" | "restarting" | "removing" | "exited" | "dead";
@@ -53,7 +58,7 @@ export interface ContainerDetails {
   /** Its mounts (bind and volume), for recovering the volumes of a container without state. */
   readonly mounts: readonly ContainerMount[];
   readonly hostConfig: {
-    readonly DeviceRequests?: { DeviceIDs?: string[] }[] | null;
+    readonly DeviceRequests?: { Driver?: string; DeviceIDs?: string[] }[] | null;
     readonly Devices?: { PathOnHost?: string; PathInContainer?: string }[] | null;
   };
 }

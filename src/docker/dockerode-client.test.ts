@@ -2,7 +2,7 @@ import { createServer } from "node:http";
 import type { AddressInfo } from "node:net";
 import { setTimeout as sleep } from "node:timers/promises";
 import { describe, expect, it } from "vitest";
-import { LABEL_TASK_ID } from "./docker-client.js";
+import { LABEL_CDI_DEVICES, LABEL_TASK_ID } from "./docker-client.js";
 import {
   mapDockerError,
   DockerConflictError,
@@ -11,12 +11,16 @@ import {
 } from "./docker-errors.js";
 import {
   demuxLogBuffer,
+  deviceRequestsOf,
   DockerodeClient,
   extractPorts,
   listedPorts,
   parseEvent,
   splitLogLines,
 } from "./dockerode-client.js";
+import { EngineGpuUnsupportedError } from "./gpu-devices.js";
+import { DOCKER_20_10_VERSION, PODMAN_4_3_1_VERSION } from "../testing/engine-versions.js";
+import { rejected } from "../testing/thrown.js";
 
 function frame(stream: 1 | 2, text: string): Buffer {
   const payload = Buffer.from(text);
@@ -185,5 +189,140 @@ describe("containerEvents", () => {
       server.closeAllConnections();
       await new Promise((resolve) => server.close(resolve));
     }
+  });
+});
+
+/** An engine on a local port that answers /version and records create bodies. */
+async function fakeEngine(version: object) {
+  const requests: { method: string; path: string; body: Record<string, unknown> }[] = [];
+  const server = createServer((req, res) => {
+    let raw = "";
+    req.on("data", (chunk: Buffer) => (raw += chunk.toString()));
+    req.on("end", () => {
+      const path = (req.url ?? "").replace(/\?.*$/, "");
+      requests.push({
+        method: req.method ?? "",
+        path,
+        body: raw ? (JSON.parse(raw) as Record<string, unknown>) : {},
+      });
+      res.writeHead(path.endsWith("/create") ? 201 : 200, { "content-type": "application/json" });
+      res.end(JSON.stringify(path === "/version" ? version : { Id: "c0ffee", Warnings: [] }));
+    });
+  });
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  const { port } = server.address() as AddressInfo;
+  return {
+    requests,
+    client: new DockerodeClient({ host: "127.0.0.1", port, protocol: "http" }),
+    close: async () => {
+      server.closeAllConnections();
+      await new Promise((resolve) => server.close(resolve));
+    },
+  };
+}
+
+const gpuSpec = (hostConfig: Record<string, unknown>) => ({
+  name: "t1",
+  body: {
+    Image: "bb",
+    Labels: { [LABEL_TASK_ID]: "t1" },
+    HostConfig: { NetworkMode: "host", ...hostConfig },
+  },
+});
+const NVIDIA_REQUEST = { DeviceRequests: [{ DeviceIDs: ["GPU-a"], Capabilities: [["gpu", "utility"]] }] };
+
+describe("detectEngine", () => {
+  it("names the engine from GET /version", async () => {
+    const engine = await fakeEngine(PODMAN_4_3_1_VERSION);
+    try {
+      expect(await engine.client.detectEngine()).toEqual({
+        info: { kind: "podman", version: "4.3.1", apiVersion: "1.41" },
+        recognized: true,
+      });
+      expect(engine.requests.map((r) => `${r.method} ${r.path}`)).toEqual(["GET /version"]);
+    } finally {
+      await engine.close();
+    }
+  });
+});
+
+describe("createContainer on each engine", () => {
+  it("sends Docker the NVIDIA device request as the spec built it", async () => {
+    const engine = await fakeEngine(DOCKER_20_10_VERSION);
+    try {
+      const spec = gpuSpec(NVIDIA_REQUEST);
+      expect(await engine.client.createContainer(spec)).toBe("c0ffee");
+      const create = engine.requests.find((r) => r.path.endsWith("/create"));
+      expect(create?.body).toEqual({ ...spec.body, name: "t1" });
+    } finally {
+      await engine.close();
+    }
+  });
+
+  it("sends Podman 5.5 the GPUs as one CDI request, and labels the container with their names", async () => {
+    const engine = await fakeEngine({
+      ...PODMAN_4_3_1_VERSION,
+      Components: [{ Name: "Podman Engine", Version: "5.5.2" }],
+    });
+    try {
+      await engine.client.createContainer(gpuSpec(NVIDIA_REQUEST));
+      await engine.client.createContainer(gpuSpec(NVIDIA_REQUEST));
+      // The engine is asked once; the answer is kept for the creates that follow.
+      expect(engine.requests.map((r) => `${r.method} ${r.path}`)).toEqual([
+        "GET /version",
+        "POST /containers/create",
+        "POST /containers/create",
+      ]);
+      const body = engine.requests[1]?.body;
+      expect(body?.HostConfig).toEqual({
+        NetworkMode: "host",
+        DeviceRequests: [{ Driver: "cdi", DeviceIDs: ["nvidia.com/gpu=GPU-a"] }],
+      });
+      expect(body?.Labels).toEqual({ [LABEL_TASK_ID]: "t1", [LABEL_CDI_DEVICES]: "nvidia.com/gpu=GPU-a" });
+    } finally {
+      await engine.close();
+    }
+  });
+
+  it("refuses GPUs on Podman 4.3.1 before anything is created", async () => {
+    const engine = await fakeEngine(PODMAN_4_3_1_VERSION);
+    try {
+      const error = await rejected(engine.client.createContainer(gpuSpec(NVIDIA_REQUEST)));
+      expect(error).toBeInstanceOf(EngineGpuUnsupportedError);
+      expect(engine.requests.map((r) => r.path)).toEqual(["/version"]);
+    } finally {
+      await engine.close();
+    }
+  });
+
+  it("asks no engine which it is for a container without GPUs", async () => {
+    const engine = await fakeEngine(PODMAN_4_3_1_VERSION);
+    try {
+      const spec = gpuSpec({ Devices: [{ PathOnHost: "/dev/kfd", PathInContainer: "/dev/kfd" }] });
+      await engine.client.createContainer(spec);
+      expect(engine.requests.map((r) => r.path)).toEqual(["/containers/create"]);
+      expect(engine.requests[0]?.body).toEqual({ ...spec.body, name: "t1" });
+    } finally {
+      await engine.close();
+    }
+  });
+});
+
+describe("deviceRequestsOf", () => {
+  it("restores the CDI request from the label when the engine reports no device request", () => {
+    expect(deviceRequestsOf(null, "nvidia.com/gpu=GPU-a,nvidia.com/gpu=GPU-b")).toEqual([
+      { Driver: "cdi", DeviceIDs: ["nvidia.com/gpu=GPU-a", "nvidia.com/gpu=GPU-b"] },
+    ]);
+    expect(deviceRequestsOf([], "nvidia.com/gpu=GPU-a")).toEqual([
+      { Driver: "cdi", DeviceIDs: ["nvidia.com/gpu=GPU-a"] },
+    ]);
+  });
+
+  it("keeps what the engine reports, and nothing without a label", () => {
+    const reported = [{ DeviceIDs: ["GPU-a"] }];
+    expect(deviceRequestsOf(reported, "nvidia.com/gpu=GPU-b")).toBe(reported);
+    expect(deviceRequestsOf(null, undefined)).toBeNull();
+    expect(deviceRequestsOf(undefined, "")).toBeNull();
+    expect(deviceRequestsOf([], undefined)).toEqual([]);
   });
 });

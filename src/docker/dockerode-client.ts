@@ -4,6 +4,7 @@ import Docker from "dockerode";
 import { withDeadline } from "../exec/deadline-signal.js";
 import { OperationBound } from "../exec/operation-bound.js";
 import {
+  LABEL_CDI_DEVICES,
   LABEL_IS_TASK,
   LABEL_OWNER,
   LABEL_TASK_ID,
@@ -16,6 +17,13 @@ import {
   type RemovalConfirmed,
   type TaskContainerSummary,
 } from "./docker-client.js";
+import {
+  parseEngineVersion,
+  type EngineDetection,
+  type EngineInfo,
+  type EngineVersionSource,
+} from "./engine-info.js";
+import { hostConfigForEngine } from "./gpu-devices.js";
 import type { PortMapping } from "../tasks/task-parts.js";
 import {
   confirmRemoval,
@@ -36,6 +44,8 @@ import {
 /** Deadlines (ms) for the short Engine API calls. */
 export const DOCKER_DEADLINES = {
   ping: 3_000,
+  /** `GET /version`: which engine this is (Podman runs conmon and its runtime to answer). */
+  version: 5_000,
   list: 10_000,
   inspect: 10_000,
   create: 60_000,
@@ -63,8 +73,10 @@ const since = (start: bigint): number => Number(process.hrtime.bigint() - start)
  * deadline to every short call and maps errors to typed ones. No global docker-modem timeout
  * is set: it is a socket-idle timeout that would kill legitimate long polls.
  */
-export class DockerodeClient implements DockerClient {
+export class DockerodeClient implements DockerClient, EngineVersionSource {
   private readonly docker: Docker;
+  /** The engine as last detected: a create with GPUs is translated for it (`hostConfigForEngine`). */
+  private engine: EngineInfo | undefined;
 
   constructor(
     options: { socketPath?: string; host?: string; port?: number; protocol?: "http" | "https" } = {},
@@ -77,6 +89,11 @@ export class DockerodeClient implements DockerClient {
 
   /** Builds a client from DOCKER_HOST (unix:// or tcp://) or the default socket. */
   static fromEnv(dockerHost = process.env.DOCKER_HOST, count?: DockerCallCounter): DockerodeClient {
+    return DockerodeClient.fromUrl(dockerHost ?? "", count);
+  }
+
+  /** Builds a client for an engine URL (unix:// or tcp://, as DOCKER_HOST); "" is Docker's socket. */
+  static fromUrl(dockerHost: string, count?: DockerCallCounter): DockerodeClient {
     if (!dockerHost) return new DockerodeClient({ socketPath: "/var/run/docker.sock" }, count);
     if (dockerHost.startsWith("unix://")) {
       return new DockerodeClient({ socketPath: dockerHost.slice("unix://".length) }, count);
@@ -117,6 +134,20 @@ export class DockerodeClient implements DockerClient {
     await this.call("ping", DOCKER_DEADLINES.ping, signal, (abortSignal) => ping({ abortSignal }));
   }
 
+  /** `GET /version`, read as which engine this is; the answer is kept for the creates that follow. */
+  async detectEngine(signal?: AbortSignal): Promise<EngineDetection> {
+    // @types/dockerode lacks version's options, but dockerode honours `abortSignal` there too.
+    const version = this.docker.version.bind(this.docker) as unknown as (opts: {
+      abortSignal: AbortSignal;
+    }) => Promise<unknown>;
+    const body = await this.call("version", DOCKER_DEADLINES.version, signal, (abortSignal) =>
+      version({ abortSignal }),
+    );
+    const detection = parseEngineVersion(body);
+    this.engine = detection.info;
+    return detection;
+  }
+
   async listTaskContainers(signal?: AbortSignal): Promise<TaskContainerSummary[]> {
     const containers = await this.call("list", DOCKER_DEADLINES.list, signal, (abortSignal) =>
       this.docker.listContainers({ all: true, filters: TASK_FILTER, abortSignal }),
@@ -151,7 +182,10 @@ export class DockerodeClient implements DockerClient {
         ports: extractPorts(info.NetworkSettings.Ports),
         mounts: (info.Mounts ?? []).map((m) => ({ source: m.Source, destination: m.Destination })),
         hostConfig: {
-          DeviceRequests: (info.HostConfig.DeviceRequests ?? null) as { DeviceIDs?: string[] }[] | null,
+          DeviceRequests: deviceRequestsOf(
+            info.HostConfig.DeviceRequests,
+            info.Config.Labels?.[LABEL_CDI_DEVICES],
+          ),
           Devices: (info.HostConfig.Devices ?? null) as
             { PathOnHost?: string; PathInContainer?: string }[] | null,
         },
@@ -163,10 +197,33 @@ export class DockerodeClient implements DockerClient {
   }
 
   async createContainer(spec: ContainerCreateSpec, signal?: AbortSignal): Promise<string> {
+    const body = await this.bodyForEngine(spec.body, signal);
     const container = await this.call("create", DOCKER_DEADLINES.create, signal, (abortSignal) =>
-      this.docker.createContainer({ ...spec.body, name: spec.name, abortSignal }),
+      this.docker.createContainer({ ...body, name: spec.name, abortSignal }),
     );
     return container.id;
+  }
+
+  /**
+   * The one place a create body differs by engine: GPUs go to Podman as CDI devices, recorded in
+   * a label ({@link LABEL_CDI_DEVICES}) since Podman's inspect does not report them. Only a body
+   * with device requests needs to know the engine (detected now if it is not known yet).
+   */
+  private async bodyForEngine(
+    body: Record<string, unknown>,
+    signal: AbortSignal | undefined,
+  ): Promise<Record<string, unknown>> {
+    const hostConfig = (body.HostConfig ?? {}) as Record<string, unknown>;
+    if (!Array.isArray(hostConfig.DeviceRequests) || hostConfig.DeviceRequests.length === 0) return body;
+    const engine = this.engine ?? (await this.detectEngine(signal)).info;
+    const translated = hostConfigForEngine(hostConfig, engine);
+    if (translated.cdiDevices.length === 0) return body;
+    const labels = (body.Labels ?? {}) as Record<string, string>;
+    return {
+      ...body,
+      Labels: { ...labels, [LABEL_CDI_DEVICES]: translated.cdiDevices.join(",") },
+      HostConfig: translated.hostConfig,
+    };
   }
 
   async startContainer(id: string, signal?: AbortSignal): Promise<void> {
@@ -354,6 +411,19 @@ export class DockerodeClient implements DockerClient {
       stream.destroy();
     }
   }
+}
+
+/**
+ * An inspect's device requests; on Podman, which reports none, the CDI request the shim made,
+ * read back from its label ({@link LABEL_CDI_DEVICES}).
+ */
+export function deviceRequestsOf(
+  reported: readonly unknown[] | null | undefined,
+  cdiLabel: string | undefined,
+): { Driver?: string; DeviceIDs?: string[] }[] | null {
+  const names = (cdiLabel ?? "").split(",").filter((name) => name !== "");
+  if ((reported ?? []).length === 0 && names.length > 0) return [{ Driver: "cdi", DeviceIDs: names }];
+  return (reported ?? null) as { Driver?: string; DeviceIDs?: string[] }[] | null;
 }
 
 /** One line of the engine's event stream → a task container's event; anything else → undefined. */

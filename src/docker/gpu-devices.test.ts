@@ -1,6 +1,14 @@
 import { describe, expect, it } from "vitest";
 import type { GpuInventory } from "../host/gpu-inventory.js";
-import { UnknownGpuIdError, gpuContainerConfig, gpuIdsFromContainer } from "./gpu-devices.js";
+import {
+  EngineGpuUnsupportedError,
+  UnknownGpuIdError,
+  gpuContainerConfig,
+  gpuIdsFromContainer,
+  hostConfigForEngine,
+  nvidiaCdiName,
+} from "./gpu-devices.js";
+import type { EngineInfo } from "./engine-info.js";
 import { thrown } from "../testing/thrown.js";
 
 const NVIDIA: GpuInventory = {
@@ -194,5 +202,105 @@ describe("gpuIdsFromContainer", () => {
     expect(
       gpuIdsFromContainer({ vendor: "none", gpus: [] }, { Devices: [{ PathOnHost: "/dev/dri/renderD128" }] }),
     ).toEqual([]);
+  });
+});
+
+const DOCKER: EngineInfo = { kind: "docker", version: "20.10.24+dfsg1" };
+const PODMAN_5_5: EngineInfo = { kind: "podman", version: "5.5.0" };
+const PODMAN_4_3: EngineInfo = { kind: "podman", version: "4.3.1" };
+
+/** The HostConfig part container-spec.ts builds from a GPU config (the fields the engine sees). */
+function hostConfigOf(inventory: GpuInventory, ids: string[]): Record<string, unknown> {
+  const gpu = gpuContainerConfig(inventory, ids);
+  return {
+    NetworkMode: "host",
+    ...(gpu.devices.length > 0 ? { Devices: [...gpu.devices] } : {}),
+    ...(gpu.deviceRequests.length > 0 ? { DeviceRequests: [...gpu.deviceRequests] } : {}),
+    ...(gpu.ipcMode ? { IpcMode: gpu.ipcMode } : {}),
+  };
+}
+
+describe("hostConfigForEngine", () => {
+  it("leaves Docker's NVIDIA device request as built", () => {
+    const hostConfig = hostConfigOf(NVIDIA, ["GPU-a", "GPU-b"]);
+    expect(hostConfigForEngine(hostConfig, DOCKER)).toEqual({ hostConfig, cdiDevices: [] });
+  });
+
+  it("turns NVIDIA's request into one CDI request by UUID on Podman 5.5 and later", () => {
+    const hostConfig = hostConfigOf(NVIDIA, ["GPU-b", "GPU-a"]);
+    const translated = hostConfigForEngine(hostConfig, PODMAN_5_5);
+    expect(translated).toEqual({
+      hostConfig: {
+        NetworkMode: "host",
+        DeviceRequests: [{ Driver: "cdi", DeviceIDs: ["nvidia.com/gpu=GPU-b", "nvidia.com/gpu=GPU-a"] }],
+      },
+      cdiDevices: ["nvidia.com/gpu=GPU-b", "nvidia.com/gpu=GPU-a"],
+    });
+    // A copy: the spec the runner keeps is not changed.
+    expect(hostConfig.DeviceRequests).toEqual([
+      {
+        DeviceIDs: ["GPU-b", "GPU-a"],
+        Capabilities: [["gpu", "utility", "compute", "graphics", "video", "display", "compat32"]],
+      },
+    ]);
+    expect(hostConfigForEngine(hostConfig, { kind: "podman", version: "6.0.0-dev" }).cdiDevices).toHaveLength(
+      2,
+    );
+  });
+
+  it("keeps names of a request already for CDI, and joins several requests into one", () => {
+    const hostConfig = {
+      DeviceRequests: [
+        { Driver: "cdi", DeviceIDs: ["nvidia.com/gpu=all"] },
+        { DeviceIDs: ["GPU-a", ""], Capabilities: [["gpu"]] },
+      ],
+    };
+    expect(hostConfigForEngine(hostConfig, PODMAN_5_5).hostConfig.DeviceRequests).toEqual([
+      { Driver: "cdi", DeviceIDs: ["nvidia.com/gpu=all", "nvidia.com/gpu=GPU-a"] },
+    ]);
+  });
+
+  it("refuses GPUs on a Podman before 5.5, whose compatible API would start the container without them", () => {
+    const error = thrown(() => hostConfigForEngine(hostConfigOf(NVIDIA, ["GPU-a"]), PODMAN_4_3));
+    expect(error).toBeInstanceOf(EngineGpuUnsupportedError);
+    expect(error.message).toBe(
+      "Podman 4.3.1 cannot give a container GPUs through its Docker-compatible API (it drops device requests; CDI device requests are passed from Podman 5.5.0)",
+    );
+    expect(() =>
+      hostConfigForEngine(hostConfigOf(NVIDIA, ["GPU-a"]), { kind: "podman", version: "unknown" }),
+    ).toThrow(EngineGpuUnsupportedError);
+  });
+
+  it("refuses a request by count on Podman: CDI takes devices by name", () => {
+    const byCount = { DeviceRequests: [{ Count: -1, Capabilities: [["gpu"]] }] };
+    expect(() => hostConfigForEngine(byCount, PODMAN_5_5)).toThrow(EngineGpuUnsupportedError);
+    expect(hostConfigForEngine(byCount, DOCKER).hostConfig).toBe(byCount);
+  });
+
+  it("leaves AMD's device nodes and a spec without GPUs as they are, on either engine", () => {
+    const amd = hostConfigOf(AMD, ["/dev/dri/renderD128"]);
+    for (const engine of [DOCKER, PODMAN_4_3, PODMAN_5_5]) {
+      expect(hostConfigForEngine(amd, engine)).toEqual({ hostConfig: amd, cdiDevices: [] });
+      const plain = { NetworkMode: "host", DeviceRequests: [] };
+      expect(hostConfigForEngine(plain, engine).hostConfig).toBe(plain);
+    }
+  });
+
+  it("round-trips through gpuIdsFromContainer: CDI names read back as the inventory's UUIDs", () => {
+    const { cdiDevices } = hostConfigForEngine(hostConfigOf(NVIDIA, ["GPU-a", "GPU-b"]), PODMAN_5_5);
+    expect(cdiDevices).toEqual([nvidiaCdiName("GPU-a"), nvidiaCdiName("GPU-b")]);
+    expect(
+      gpuIdsFromContainer(NVIDIA, { DeviceRequests: [{ Driver: "cdi", DeviceIDs: [...cdiDevices] }] }),
+    ).toEqual(["GPU-a", "GPU-b"]);
+  });
+
+  it("reads only NVIDIA's CDI kind as GPU ids, and drops an empty name", () => {
+    expect(
+      gpuIdsFromContainer(NVIDIA, {
+        DeviceRequests: [
+          { Driver: "cdi", DeviceIDs: ["nvidia.com/gpu=", "nvidia.com/gpu=GPU-b", "vendor.com/x=1"] },
+        ],
+      }),
+    ).toEqual(["GPU-b", "vendor.com/x=1"]);
   });
 });

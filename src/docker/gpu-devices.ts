@@ -1,15 +1,37 @@
 /*
  * The GPU ids of the host's inventory in Docker's terms: the `HostConfig` fields a container
  * needs to use them, and the way back from an inspected container to the ids it holds. GPU
- * detection is `host/gpu-inventory.ts`; this module only imports its types.
+ * detection is `host/gpu-inventory.ts`; this module only imports its types. The spec is built
+ * for Docker; `hostConfigForEngine` is the one translation of its GPUs for Podman (CDI).
  */
 import { posix } from "node:path";
 import type { AMD_KFD_PATH, GpuInventory } from "../host/gpu-inventory.js";
 import type { ContainerDetails } from "./docker-client.js";
+import { versionAtLeast, type EngineInfo } from "./engine-info.js";
 
 /** A GPU id that is not in the inventory was passed to {@link gpuContainerConfig}. */
 export class UnknownGpuIdError extends Error {
   override readonly name = "UnknownGpuIdError";
+}
+
+/** The engine cannot give a container the GPUs its spec asks for; the message says why. */
+export class EngineGpuUnsupportedError extends Error {
+  override readonly name = "EngineGpuUnsupportedError";
+}
+
+/** The CDI kind of NVIDIA GPUs in the spec `nvidia-ctk cdi generate` writes. */
+export const NVIDIA_CDI_KIND = "nvidia.com/gpu";
+
+/**
+ * The first Podman whose Docker-compatible API passes CDI devices: from 5.5.0 it turns a device
+ * request with driver `cdi` into CDI devices. Earlier ones (4.3.1 here) drop every device request
+ * without a word and read a `HostConfig.Devices` entry as a device node path.
+ */
+export const PODMAN_CDI_REQUESTS_SINCE: readonly [number, number, number] = [5, 5, 0];
+
+/** An NVIDIA GPU id (its UUID) as a CDI device name: `nvidia.com/gpu=GPU-…`. */
+export function nvidiaCdiName(id: string): string {
+  return `${NVIDIA_CDI_KIND}=${id}`;
 }
 
 /** Capabilities of the NVIDIA device request (dstack-shim's list). */
@@ -90,9 +112,70 @@ export function gpuContainerConfig(
   }
 }
 
+/** A device request as the create body carries it. */
+interface BodyDeviceRequest {
+  readonly Driver?: string;
+  readonly DeviceIDs?: readonly string[];
+  readonly Count?: number;
+  readonly Capabilities?: readonly (readonly string[])[];
+}
+
+/** A create body's HostConfig as the engine takes it, with the CDI devices it names. */
+export interface EngineHostConfig {
+  readonly hostConfig: Record<string, unknown>;
+  /** The CDI names of the container's GPUs (Podman only): the engine does not report them back. */
+  readonly cdiDevices: readonly string[];
+}
+
+/**
+ * The create body's `HostConfig` for `engine`. Docker takes it as built. Podman gets NVIDIA's
+ * device request as one CDI request (`Driver: "cdi"`, `DeviceIDs: ["nvidia.com/gpu=<uuid>"]`):
+ * the host needs the CDI spec of nvidia-container-toolkit, with UUID names. AMD's device nodes
+ * (`/dev/kfd`, `/dev/dri/renderD*`) are plain devices on both engines and are left as they are.
+ *
+ * @throws EngineGpuUnsupportedError on a Podman before {@link PODMAN_CDI_REQUESTS_SINCE} (it would
+ *   start the container without its GPUs), or for a request that names no device ids.
+ */
+export function hostConfigForEngine(
+  hostConfig: Record<string, unknown>,
+  engine: EngineInfo,
+): EngineHostConfig {
+  const requests = (hostConfig.DeviceRequests ?? []) as readonly BodyDeviceRequest[];
+  if (engine.kind !== "podman" || requests.length === 0) return { hostConfig, cdiDevices: [] };
+  const cdiDevices: string[] = [];
+  for (const request of requests) {
+    const ids = (request.DeviceIDs ?? []).filter((id) => id !== "");
+    if (ids.length === 0) {
+      throw new EngineGpuUnsupportedError(
+        "Podman takes GPUs only by name (CDI); a device request without device ids has none",
+      );
+    }
+    // The spec's own requests are NVIDIA's (no driver); one already for CDI keeps its names.
+    cdiDevices.push(...(request.Driver === "cdi" ? ids : ids.map(nvidiaCdiName)));
+  }
+  if (!versionAtLeast(engine.version, PODMAN_CDI_REQUESTS_SINCE)) {
+    throw new EngineGpuUnsupportedError(
+      `Podman ${engine.version} cannot give a container GPUs through its Docker-compatible API ` +
+        `(it drops device requests; CDI device requests are passed from Podman ${PODMAN_CDI_REQUESTS_SINCE.join(".")})`,
+    );
+  }
+  return {
+    hostConfig: { ...hostConfig, DeviceRequests: [{ Driver: "cdi", DeviceIDs: cdiDevices }] },
+    cdiDevices,
+  };
+}
+
+/** A device id as the inventory names the GPU: a CDI name of NVIDIA's kind loses its prefix. */
+function gpuIdOfDeviceId(id: string): string {
+  const prefix = `${NVIDIA_CDI_KIND}=`;
+  return id.startsWith(prefix) ? id.slice(prefix.length) : id;
+}
+
 /**
  * The GPU ids an existing container holds, recovered after a shim restart (by `restoreTasks`): NVIDIA
- * reads the ids of its single device request (none with explicit `gpu_devices`); AMD takes the
+ * reads the ids of its single device request (none with explicit `gpu_devices`), a CDI request's
+ * `nvidia.com/gpu=<uuid>` names as their UUIDs (on Podman the adapter restores that request from
+ * the container's label, as Podman does not report it); AMD takes the
  * devices whose host path is one of the inventory's render nodes, mapping fixture nodes back to
  * their ids.
  */
@@ -106,7 +189,10 @@ export function gpuIdsFromContainer(
       const requests = hostConfig.DeviceRequests ?? [];
       const [only] = requests;
       if (requests.length !== 1 || only === undefined) return [];
-      return (only.DeviceIDs ?? []).filter((id) => typeof id === "string" && id !== "");
+      return (only.DeviceIDs ?? [])
+        .filter((id) => typeof id === "string")
+        .map(gpuIdOfDeviceId)
+        .filter((id) => id !== "");
     }
     case "amd": {
       const renderNodes = new Set(inventory.gpus.map((gpu) => gpu.id));

@@ -1,0 +1,84 @@
+/*
+ * Where the engine is: `--engine-url` (TASKSHIM_ENGINE_URL), else DOCKER_HOST, else the first
+ * default socket that answers. Chosen once, at startup.
+ */
+
+/** Docker's default socket. */
+export const DOCKER_DEFAULT_URL = "unix:///var/run/docker.sock";
+/** Rootful Podman's default socket (`podman system service`, podman.socket). */
+export const PODMAN_DEFAULT_URL = "unix:///run/podman/podman.sock";
+
+/** An engine URL that is neither `unix:///absolute/path` nor `tcp://host:port`. */
+export class EngineUrlError extends Error {
+  override readonly name = "EngineUrlError";
+}
+
+/** How the engine's address was found (the serve log says it). */
+export type EngineUrlSource = "engine-url" | "DOCKER_HOST" | "docker-default" | "podman-default";
+
+/** The engine's address and how it was chosen. */
+export interface EngineEndpoint {
+  readonly url: string;
+  readonly source: EngineUrlSource;
+  /** The addresses looked at, in order: a startup error that cannot reach the engine names them. */
+  readonly tried: readonly string[];
+}
+
+/** The default sockets' facts, injected so tests need neither socket. */
+export interface EngineProbe {
+  /** Whether a socket file exists at this unix:// URL's path (answering or not). */
+  exists(url: string): Promise<boolean>;
+  /** Whether an engine answers a ping at this URL (under the ping's deadline); never throws. */
+  answers(url: string): Promise<boolean>;
+}
+
+/**
+ * Checks an `--engine-url` value: `unix:///absolute/path` or `tcp://host:port` (the forms
+ * DOCKER_HOST takes); returns it trimmed.
+ *
+ * @throws EngineUrlError naming what is wrong.
+ */
+export function checkEngineUrl(value: string): string {
+  const url = value.trim();
+  if (url.startsWith("unix://")) {
+    const path = url.slice("unix://".length);
+    if (!path.startsWith("/") || path.includes("\0")) {
+      throw new EngineUrlError(`engine URL ${JSON.stringify(value)}: expected unix:///absolute/path/to.sock`);
+    }
+    return url;
+  }
+  const tcp = /^tcp:\/\/(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):(\d{1,5})\/?$/.exec(url);
+  const port = Number(tcp?.[2]);
+  if (tcp && port >= 1 && port <= 65_535) return url;
+  throw new EngineUrlError(
+    `engine URL ${JSON.stringify(value)}: expected unix:///path/to.sock or tcp://host:port`,
+  );
+}
+
+/**
+ * Chooses the engine: `--engine-url` beats DOCKER_HOST, which beats the defaults. Without
+ * either, Docker's socket if it answers, else Podman's rootful socket if it answers, else
+ * Docker's (the start then fails naming both). Podman's is taken only while no Docker socket
+ * exists: a Docker socket that does not answer is a dockerd restarting, and a shim that turned
+ * to Podman then would find none of its tasks' containers there and end them as lost.
+ */
+export async function chooseEngineEndpoint(
+  settings: { readonly engineUrl: string; readonly dockerHost: string | undefined },
+  probe: EngineProbe,
+): Promise<EngineEndpoint> {
+  if (settings.engineUrl !== "") {
+    return { url: settings.engineUrl, source: "engine-url", tried: [settings.engineUrl] };
+  }
+  const dockerHost = settings.dockerHost?.trim() ?? "";
+  if (dockerHost !== "") return { url: dockerHost, source: "DOCKER_HOST", tried: [dockerHost] };
+  if (await probe.answers(DOCKER_DEFAULT_URL)) {
+    return { url: DOCKER_DEFAULT_URL, source: "docker-default", tried: [DOCKER_DEFAULT_URL] };
+  }
+  if (await probe.exists(DOCKER_DEFAULT_URL)) {
+    return { url: DOCKER_DEFAULT_URL, source: "docker-default", tried: [DOCKER_DEFAULT_URL] };
+  }
+  const tried = [DOCKER_DEFAULT_URL, PODMAN_DEFAULT_URL];
+  if (await probe.answers(PODMAN_DEFAULT_URL))
+    return { url: PODMAN_DEFAULT_URL, source: "podman-default", tried };
+  return { url: DOCKER_DEFAULT_URL, source: "docker-default", tried };
+}
