@@ -1,4 +1,5 @@
 import { collectDefaultMetrics, Counter, Gauge, Histogram, Registry } from "prom-client";
+import type { EngineInfo } from "../docker/engine-info.js";
 import type { RunnerObserver } from "../runner/runner-context.js";
 import type { TaskStore } from "../tasks/task-store.js";
 import { TASK_STATUSES } from "../tasks/task-status.js";
@@ -97,6 +98,13 @@ export class ShimMetrics {
     help: "Labelled containers on the engine that are not this shim's (another home's, or unclaimed): never acted on",
     registers: [this.registry],
   });
+  /** The engine's name and version as labels; no series until the engine is first detected. */
+  readonly engineInfo = new Gauge({
+    name: "taskshim_engine_info",
+    help: "Always 1; the labels say which engine the shim drives (docker or podman) and its version",
+    labelNames: ["engine", "version"] as const,
+    registers: [this.registry],
+  });
   readonly engineUp = new Gauge({
     name: "taskshim_engine_up",
     help: "1 when the Docker Engine answered the last reconcile tick",
@@ -160,6 +168,12 @@ export class ShimMetrics {
     engineSeen: (up) => this.engineUp.set(up ? 1 : 0),
     pulledBytes: (bytes) => this.pullBytes.inc(bytes),
   };
+
+  /** The engine was detected (again): one `taskshim_engine_info` series, for it alone. */
+  setEngine(info: EngineInfo): void {
+    this.engineInfo.reset();
+    this.engineInfo.set({ engine: info.kind, version: info.version }, 1);
+  }
 
   /** A counter hook for the Docker adapter. */
   readonly countEngineCall = (op: string, result: "ok" | "error", seconds = 0): void => {

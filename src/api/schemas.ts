@@ -36,6 +36,12 @@ export const Healthcheck = Type.Object({
     status: Type.Union([Type.Literal("up"), Type.Literal("down"), Type.Literal("unknown")]),
     since: Type.Optional(Type.String()),
     error: Type.Optional(Type.String()),
+    kind: Type.Optional(
+      Type.Union([Type.Literal("docker"), Type.Literal("podman")], {
+        description: "which engine the shim drives, from its GET /version; absent until first known",
+      }),
+    ),
+    version: Type.Optional(Type.String({ description: "the engine's own version (not its API version)" })),
   }),
   /** Whether the home takes durable writes; `error` only while degraded. */
   storage: Type.Object({

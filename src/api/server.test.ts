@@ -11,6 +11,11 @@ import { ShimMetrics } from "./metrics.js";
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
 import { armFailpoints } from "../runner/failpoints.js";
 import type { buildApi } from "./server.js";
+import type { Static } from "typebox";
+import type { Healthcheck as HealthcheckSchema } from "./schemas.js";
+import type { EngineInfo } from "../docker/engine-info.js";
+
+type Healthcheck = Static<typeof HealthcheckSchema>;
 
 const PACKAGE_VERSION = (
   JSON.parse(readFileSync(new URL("../../package.json", import.meta.url), "utf8")) as { version: string }
@@ -98,6 +103,36 @@ describe("GET endpoints", () => {
       // Unbundled (vitest): src/version.ts's defaults.
       build: { commit: "unknown", dirty: false, build_id: "dev" },
     });
+  });
+
+  it("names the engine in the healthcheck once it is known, beside dstack's fields unchanged", async () => {
+    let engine: EngineInfo | undefined;
+    const metrics = new ShimMetrics(env.ctx.store, VERSION);
+    const named = buildTestApi(env, { engineInfo: () => engine, metrics });
+    try {
+      const before = (await named.inject({ method: "GET", url: "/api/healthcheck" })).json<Healthcheck>();
+      expect(before.engine).toEqual({ status: "unknown" });
+      expect(await metrics.exposition()).not.toMatch(/^taskshim_engine_info\{/m);
+      engine = { kind: "podman", version: "4.3.1", apiVersion: "1.41" };
+      metrics.setEngine(engine);
+      await env.reconciler.tick();
+      const res = await named.inject({ method: "GET", url: "/api/healthcheck" });
+      expect(res.body).toMatch(/^\{"service":"dstack-shim","version":"/);
+      expect(res.json<Healthcheck>().engine).toEqual({
+        status: "up",
+        since: expect.stringMatching(/^\d{4}-\d\d-\d\dT/) as unknown,
+        kind: "podman",
+        version: "4.3.1",
+      });
+      // A swapped engine replaces the series: one engine, one line.
+      metrics.setEngine({ kind: "docker", version: "20.10.24+dfsg1" });
+      const lines = (await metrics.exposition())
+        .split("\n")
+        .filter((l) => l.startsWith("taskshim_engine_info"));
+      expect(lines).toEqual(['taskshim_engine_info{engine="docker",version="20.10.24+dfsg1"} 1']);
+    } finally {
+      await named.close();
+    }
   });
 
   it("serves Prometheus metrics with tasks by status and no task ids in labels", async () => {

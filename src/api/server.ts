@@ -6,6 +6,7 @@ import type { Static, TSchema } from "typebox";
 import type { Logger } from "pino";
 import { ComponentRequestError, type ComponentService } from "../components/component-service.js";
 import type { DockerClient } from "../docker/docker-client.js";
+import type { EngineInfo } from "../docker/engine-info.js";
 import { DockerNotFoundError } from "../docker/docker-errors.js";
 import type { GpuInventory } from "../host/gpu-inventory.js";
 import type { Reconciler } from "../runner/reconciler.js";
@@ -62,6 +63,8 @@ export interface ApiDeps {
   readonly metrics: ShimMetrics;
   /** The healthcheck's `build` (commit, dirty, build id); absent: this process's, `BUILD`. */
   readonly build?: BuildIdentity;
+  /** Which engine the shim drives (the healthcheck's `engine.kind` and `version`), once known. */
+  readonly engineInfo?: () => EngineInfo | undefined;
   /** The home's storage health (the healthcheck's `storage`); absent: reported ok. */
   readonly storage?: StorageHealth;
   /** When set, every route but the healthcheck needs `Authorization: Bearer <token>`. */
@@ -239,7 +242,7 @@ export function buildApi(deps: ApiDeps) {
         service: "dstack-shim",
         version: deps.version,
         implementation: "taskshim",
-        engine: engineView(deps.reconciler),
+        engine: engineView(deps.reconciler, deps.engineInfo?.()),
         storage: storageView(deps.storage, startedAt, deps.homeHealth?.()),
         build: buildView,
       }),
@@ -552,15 +555,24 @@ export function oneLineMessage(message: string): string {
     .trim();
 }
 
-function engineView(reconciler: Reconciler): { status: string; since?: string; error?: string } {
+/**
+ * The healthcheck's `engine`: its health as the reconciler last saw it, and which engine it is
+ * (`kind`, `version`) once detected. The name stays through an outage: it is the engine the shim
+ * last spoke to, detected again when the engine is back.
+ */
+function engineView(
+  reconciler: Reconciler,
+  info: EngineInfo | undefined,
+): { status: string; since?: string; error?: string; kind?: string; version?: string } {
+  const named = info ? { kind: info.kind, version: info.version } : {};
   const health = reconciler.engineHealth();
   switch (health.state) {
     case "unknown":
-      return { status: "unknown" };
+      return { status: "unknown", ...named };
     case "up":
-      return { status: "up", since: new Date(health.since).toISOString() };
+      return { status: "up", since: new Date(health.since).toISOString(), ...named };
     case "down":
-      return { status: "down", since: new Date(health.since).toISOString(), error: health.error };
+      return { status: "down", since: new Date(health.since).toISOString(), error: health.error, ...named };
   }
 }
 

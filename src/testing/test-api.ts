@@ -7,6 +7,7 @@ import type { CommandRunner } from "../exec/run-bounded.js";
 import { VERSION } from "../version.js";
 import type { ConnectionHandoff, DrainTimes } from "../api/connection-drain.js";
 import type { EventStreamLimits } from "../api/event-streams.js";
+import type { EngineInfo } from "../docker/engine-info.js";
 import { FakeCommandRunner } from "./fake-command-runner.js";
 import type { TestEnv } from "./test-context.js";
 
@@ -24,6 +25,10 @@ export interface TestApiOptions {
   readonly handoff?: ConnectionHandoff;
   /** Bounds of `GET /api/events` (default: the shim's). */
   readonly eventStreams?: Partial<EventStreamLimits>;
+  /** Which engine the healthcheck names (default: none detected). */
+  readonly engineInfo?: () => EngineInfo | undefined;
+  /** The metrics the API serves (default: new ones over the context's store). */
+  readonly metrics?: ShimMetrics;
 }
 
 /** The real HTTP edge over a test context (fake engine, temp home): what the API tests inject into. */
@@ -48,12 +53,13 @@ export function buildTestApi(env: TestEnv, options: TestApiOptions = {}): Return
     inventory: env.ctx.inventory,
     components,
     log: env.ctx.log,
-    metrics: new ShimMetrics(env.ctx.store, VERSION),
+    metrics: options.metrics ?? new ShimMetrics(env.ctx.store, VERSION),
     ...(env.ctx.storage ? { storage: env.ctx.storage } : {}),
     requestShutdown: options.requestShutdown ?? (() => undefined),
     ...(options.authToken !== undefined ? { authToken: options.authToken } : {}),
     ...(options.drainTimes ? { drainTimes: options.drainTimes } : {}),
     ...(options.handoff ? { handoff: options.handoff } : {}),
     ...(options.eventStreams ? { eventStreams: options.eventStreams } : {}),
+    ...(options.engineInfo ? { engineInfo: options.engineInfo } : {}),
   });
 }
