@@ -24,6 +24,7 @@ import {
   type EngineVersionSource,
 } from "./engine-info.js";
 import { hostConfigForEngine } from "./gpu-devices.js";
+import { completePodmanPull } from "./podman-compat.js";
 import type { PortMapping } from "../tasks/task-parts.js";
 import {
   confirmRemoval,
@@ -365,6 +366,7 @@ export class DockerodeClient implements DockerClient, EngineVersionSource {
   }
 
   async pullImage(reference: string, auth: PullAuth | undefined, signal: AbortSignal): Promise<Readable> {
+    const engine = this.engine ?? (await this.detectEngine(signal)).info;
     const start = process.hrtime.bigint();
     try {
       // fromImage carries the tag or digest, so the engine never pulls "all tags".
@@ -373,7 +375,8 @@ export class DockerodeClient implements DockerClient, EngineVersionSource {
         abortSignal: signal,
       })) as Readable;
       this.count("pull", "ok", since(start));
-      return stream;
+      if (engine.kind !== "podman") return stream;
+      return completePodmanPull(stream, reference, () => this.imageExists(reference, signal));
     } catch (error) {
       this.count("pull", "error", since(start));
       throw mapDockerError(error, "pull");
