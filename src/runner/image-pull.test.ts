@@ -1,4 +1,7 @@
-/* The pull step: progress while it runs, pull.log, and the message of a pull that fails. */
+/*
+ * The pull step: progress while it runs, pull.log, the message of a pull that fails, and
+ * cancelling pulls at shutdown.
+ */
 import { mkdir } from "node:fs/promises";
 import { statSync } from "node:fs";
 import { join } from "node:path";
@@ -59,5 +62,21 @@ describe("TaskRunner pull", () => {
     expect(task.terminationMessage).toBe(
       `pullImage error: failed pulling busybox:1.36 (downloaded 512 of 1024 bytes): image pull failed: ${registryError}`,
     );
+  });
+});
+
+describe("TaskRunner.cancelPulls", () => {
+  it("aborts every pull in flight, saying the shim shuts down", async () => {
+    env.docker.pullScript = (_ref, _auth, signal) =>
+      stalledPullStream(SUCCESSFUL_PULL_LINES.slice(0, 2), signal);
+    await env.submit();
+    await env.submit();
+    await waitFor(() => env.docker.count("pullImage") === 2);
+    env.runner.cancelPulls();
+    await env.runner.awaitStarts();
+    expect(env.docker.callsOf("pullImage").map((c) => c.signal?.reason as unknown)).toEqual([
+      new Error("shim shutting down"),
+      new Error("shim shutting down"),
+    ]);
   });
 });

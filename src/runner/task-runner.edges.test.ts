@@ -1,12 +1,11 @@
 /*
- * The lifecycle engine's edges: error names and messages on the wire, storage faults of its own
- * writes, foreign (newer-format) tasks, credentials kept only as long as needed, and the resources
- * a start that stops half-way keeps or hands over.
+ * The lifecycle engine's edges: error names and messages on the wire, foreign (newer-format)
+ * tasks, credentials kept only as long as needed, and the resources a start that stops half-way
+ * keeps or hands over. (Storage faults of its own writes: task-commits.test.ts.)
  */
 import { existsSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { describe, expect, it, vi } from "vitest";
-import { StorageUnavailableError } from "../state/storage-health.js";
 import { sshEd25519PublicKey, taskConfig } from "../testing/fixtures.js";
 import { stalledPullStream, SUCCESSFUL_PULL_LINES } from "../testing/pull-streams.js";
 import { recordingObserver } from "../testing/recording-observer.js";
@@ -15,7 +14,6 @@ import { loggedAs, useRunnerEnv } from "../testing/runner-env.js";
 import { waitFor } from "../testing/wait-for.js";
 import { armFailpoints } from "./failpoints.js";
 import type { RunnerObserver } from "./runner-context.js";
-import { REGISTRY_AUTH_FILE, writeRegistryAuth } from "./registry-auth-file.js";
 import { TaskConflictError, TaskOperationError, TaskStateError } from "./task-runner.js";
 
 let env: TestEnv;
@@ -99,92 +97,6 @@ describe("TaskRunner errors", () => {
     expect(logged("task terminated")).toMatchObject([
       { taskId: task.id, reason: "terminated_by_user", from: "running" },
     ]);
-  });
-});
-
-describe("TaskRunner.commit under storage faults", () => {
-  it("keeps a change in memory when the home cannot take it, and warns", async () => {
-    const { task } = await env.seedTask();
-    armFailpoints("durable-write:task-state=1*error(ENOSPC)");
-    const after = await env.runner.commit(task.id, (d) => (d.exitCode = 3));
-    expect(after.exitCode).toBe(3);
-    expect(env.ctx.store.mustGet(task.id).exitCode).toBe(3);
-    expect(logged("task state not yet durable; written when storage is back")).toMatchObject([
-      { taskId: task.id, status: "running" },
-    ]);
-  });
-
-  it("throws any other failure of the write", async () => {
-    const { task } = await env.seedTask();
-    armFailpoints("durable-write:task-state=1*error(boom)");
-    await expect(env.runner.commit(task.id, (d) => (d.exitCode = 3))).rejects.toThrow(
-      /failpoint durable-write:task-state: boom/,
-    );
-  });
-
-  it("commitVisibleWhenDurable makes the change in memory all the same on a storage fault", async () => {
-    const { task } = await env.seedTask({ status: "creating", containerState: "created" });
-    armFailpoints("durable-write:task-state=1*error(ENOSPC)");
-    const after = await env.runner.commitVisibleWhenDurable(task.id, (d) => (d.status = "running"));
-    expect(after.status).toBe("running");
-    expect(env.ctx.store.mustGet(task.id).status).toBe("running");
-    expect(logged("task state not yet durable; written when storage is back")).toMatchObject([
-      { taskId: task.id, status: "running" },
-    ]);
-  });
-
-  it("commitVisibleWhenDurable throws any other failure and changes nothing", async () => {
-    const { task } = await env.seedTask({ status: "creating", containerState: "created" });
-    armFailpoints("durable-write:task-state=1*error(boom)");
-    await expect(env.runner.commitVisibleWhenDurable(task.id, (d) => (d.status = "running"))).rejects.toThrow(
-      /failpoint durable-write:task-state: boom/,
-    );
-    expect(env.ctx.store.mustGet(task.id).status).toBe("creating");
-  });
-
-  it("fires after-state:<status> only when the status changed", async () => {
-    const { task } = await env.seedTask();
-    armFailpoints("after-state:running=error(boom),after-state:terminated=error(bang)");
-    await env.runner.commit(task.id, (d) => (d.exitCode = 1));
-    await env.runner.commitVisibleWhenDurable(task.id, (d) => (d.exitCode = 2));
-    await expect(env.runner.commit(task.id, (d) => (d.status = "terminated"))).rejects.toThrow(
-      "failpoint after-state:terminated: bang",
-    );
-  });
-
-  it("commitVisibleWhenDurable fires after-state:<status> on a change", async () => {
-    const { task } = await env.seedTask({ status: "creating", containerState: "created" });
-    armFailpoints("after-state:running=error(boom)");
-    await expect(env.runner.commitVisibleWhenDurable(task.id, (d) => (d.status = "running"))).rejects.toThrow(
-      "failpoint after-state:running: boom",
-    );
-  });
-
-  it("a terminate whose intent fails to write for another reason is not a storage fault", async () => {
-    const { task } = await env.seedTask();
-    armFailpoints("durable-write:task-state=1*error(boom)");
-    const error = await env.runner.terminate(task.id, 0, "terminated_by_user", "").catch((e: unknown) => e);
-    expect(error).not.toBeInstanceOf(StorageUnavailableError);
-    expect((error as Error).message).toMatch(/failpoint durable-write:task-state: boom/);
-    expect(env.ctx.store.mustGet(task.id).status).toBe("running");
-  });
-});
-
-describe("TaskRunner.catchUpStorage", () => {
-  it("deletes the credentials of running and terminated tasks only, never a foreign task's", async () => {
-    const auth = { username: "u", password: "p" };
-    const { task: running } = await env.seedTask({ status: "running" });
-    const { task: terminated } = await env.seedTask({ status: "terminated", containerState: "exited" });
-    const { task: pulling } = await env.seedTask({ status: "pulling", containerState: "none" });
-    const { task: foreign } = await env.seedTask({ status: "terminated", containerState: "exited" });
-    env.ctx.store.modify(foreign.id, (d) => (d.foreign = true));
-    for (const t of [running, terminated, pulling, foreign]) await writeRegistryAuth(t.taskDir, auth);
-    expect(await env.runner.catchUpStorage()).toBe(true);
-    const has = (dir: string): boolean => existsSync(join(dir, REGISTRY_AUTH_FILE));
-    expect(has(running.taskDir)).toBe(false);
-    expect(has(terminated.taskDir)).toBe(false);
-    expect(has(pulling.taskDir)).toBe(true);
-    expect(has(foreign.taskDir)).toBe(true);
   });
 });
 

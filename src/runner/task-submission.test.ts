@@ -1,14 +1,12 @@
 /*
  * Submit's less common paths: a concurrent resubmit, a failure the storage probe blames on the
- * home, credentials given only in part, what it logs; and cancelling pulls at shutdown.
+ * home, credentials given only in part, what it logs.
  */
 import { describe, expect, it, vi } from "vitest";
 import { StorageUnavailableError } from "../state/storage-health.js";
 import { taskConfig } from "../testing/fixtures.js";
-import { stalledPullStream, SUCCESSFUL_PULL_LINES } from "../testing/pull-streams.js";
 import type { TestEnv } from "../testing/test-context.js";
 import { loggedAs, useRunnerEnv } from "../testing/runner-env.js";
-import { waitFor } from "../testing/wait-for.js";
 import { armFailpoints } from "./failpoints.js";
 import { TaskOperationError } from "./task-runner.js";
 
@@ -77,21 +75,5 @@ describe("TaskRunner.submit", () => {
     const other = await env.submit({ id: "other" }).catch((e: unknown) => e);
     expect(other).toBeInstanceOf(TaskOperationError);
     expect((other as Error).message).toBe("failed to create task other: surprise");
-  });
-});
-
-describe("TaskRunner.cancelPulls", () => {
-  it("aborts every pull in flight, saying the shim shuts down", async () => {
-    env.docker.pullScript = (_ref, _auth, signal) =>
-      stalledPullStream(SUCCESSFUL_PULL_LINES.slice(0, 2), signal);
-    await env.submit();
-    await env.submit();
-    await waitFor(() => env.docker.count("pullImage") === 2);
-    env.runner.cancelPulls();
-    await env.runner.awaitStarts();
-    expect(env.docker.callsOf("pullImage").map((c) => c.signal?.reason as unknown)).toEqual([
-      new Error("shim shutting down"),
-      new Error("shim shutting down"),
-    ]);
   });
 });
