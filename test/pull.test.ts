@@ -1,7 +1,7 @@
 import { readFile } from "node:fs/promises";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { testDocker } from "./support/docker.js";
+import { testDocker, testEngine } from "./support/docker.js";
 import { createUniqueImage } from "./support/images.js";
 import { startRegistry, type LocalRegistry } from "./support/registry.js";
 import { ShimProcess } from "./support/shim-process.js";
@@ -49,12 +49,18 @@ describe("image pulls from a local registry with auth", () => {
     expect(done.termination_reason).toBe("done_by_runner");
     const progress = done.image_pull_progress;
     expect(progress).not.toBeNull();
-    expect(progress?.total_bytes).toBeGreaterThan(0);
-    expect(progress?.downloaded_bytes).toBe(progress?.total_bytes);
-    expect(progress?.extracted_bytes).toBe(progress?.total_bytes);
-    expect(progress?.is_total_bytes_final).toBe(true);
     const pullLog = await readFile(join(shim.home, "runners", done.container_name, "pull.log"), "utf8");
-    expect(pullLog).toContain("Downloading");
+    // Podman 4.3 reports a layer's bytes at most once a second (its progress interval), none for
+    // a pull that ends sooner: a local pull has no byte counts there (TESTING.md, "Two engines").
+    if (testEngine() === "docker") {
+      expect(progress?.total_bytes).toBeGreaterThan(0);
+      expect(progress?.downloaded_bytes).toBe(progress?.total_bytes);
+      expect(progress?.extracted_bytes).toBe(progress?.total_bytes);
+      expect(progress?.is_total_bytes_final).toBe(true);
+      expect(pullLog).toContain("Downloading");
+    } else {
+      expect(pullLog).toContain("Pulling fs layer");
+    }
     expect(pullLog).toContain("Status: Downloaded newer image");
     // Credentials never reach the task's files or the shim's logs.
     const state = await readFile(join(shim.home, "runners", done.container_name, "task.json"), "utf8");
@@ -82,7 +88,12 @@ describe("image pulls from a local registry with auth", () => {
     await shim.submit(cfg);
     const done = await shim.waitTerminated(cfg.id, 60_000);
     expect(done.termination_reason).toBe("creating_container_error");
-    expect(done.termination_message).toContain("unknown blob");
+    // The registry's 404 for the blob, in each engine's words.
+    expect(done.termination_message).toMatch(
+      testEngine() === "podman"
+        ? /Error fetching blob: invalid status code from registry 404/
+        : /unknown blob/,
+    );
     expect(done.container_id).toBe("");
     const containers = await testDocker().listContainers({
       all: true,

@@ -4,7 +4,7 @@ import { createHash, randomBytes } from "node:crypto";
 import { copyFile, mkdir, readFile, rm, symlink, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { promisify } from "node:util";
-import { hasStatusCode, testDocker } from "./docker.js";
+import { hasStatusCode, testDocker, testEngine } from "./docker.js";
 import { SHIM_BUNDLE, tempHome } from "./shim-process.js";
 
 /*
@@ -98,18 +98,17 @@ export class ChaosHost {
     this.root = await tempHome("taskshim-chaos-");
     this.bundle = join(this.root, "taskshim.cjs");
     await copyFile(process.env.CHAOS_SHIM_BUNDLE || SHIM_BUNDLE, this.bundle);
-    for (const node of ["kfd", "renderD128", "renderD129"])
-      execFileSync("mknod", [join(this.root, node), "c", "1", "3"]);
+    const nodes = this.fixtureNodes();
     this.gpuFixture = join(this.root, "gpus.json");
     await writeFile(
       this.gpuFixture,
       JSON.stringify({
         vendor: "amd",
         driver_version: "6.8.5",
-        kfd_path: join(this.root, "kfd"),
+        kfd_path: nodes.kfd,
         gpus: [
-          { name: "MI300X", vram_mib: 196608, render_node: join(this.root, "renderD128") },
-          { name: "MI300X", vram_mib: 196608, render_node: join(this.root, "renderD129") },
+          { name: "MI300X", vram_mib: 196608, render_node: nodes.renderD128 },
+          { name: "MI300X", vram_mib: 196608, render_node: nodes.renderD129 },
         ],
       }),
     );
@@ -130,6 +129,26 @@ export class ChaosHost {
   }
 
   /** The volume of pool slot `index`. */
+  /**
+   * The GPU fixture's device nodes: harmless character devices (the null device's number) made
+   * under the root. Podman reports a container's device by the /dev path of its number, not by
+   * the path it was given (a node made with `mknod … c 1 3` reads back as /dev/null), so the
+   * shim could not tell which fixture GPU a container holds after a restart; on Podman the
+   * fixture names distinct harmless /dev nodes instead (on a real host the render nodes are
+   * those /dev paths already).
+   */
+  private fixtureNodes(): { kfd: string; renderD128: string; renderD129: string } {
+    if (testEngine() === "podman")
+      return { kfd: "/dev/null", renderD128: "/dev/zero", renderD129: "/dev/full" };
+    const nodes = { kfd: "kfd", renderD128: "renderD128", renderD129: "renderD129" };
+    for (const node of Object.values(nodes)) execFileSync("mknod", [join(this.root, node), "c", "1", "3"]);
+    return {
+      kfd: join(this.root, nodes.kfd),
+      renderD128: join(this.root, nodes.renderD128),
+      renderD129: join(this.root, nodes.renderD129),
+    };
+  }
+
   volume(index: number): LoopVolume {
     const volume = this.volumes[index];
     if (!volume) throw new Error(`no chaos volume ${index}`);
