@@ -8,6 +8,8 @@ import { buildApi } from "../api/server.js";
 import { ComponentService } from "../components/component-service.js";
 import { ConfigError, containerParamsOf, type ShimConfig } from "../config/shim-config.js";
 import { DockerodeClient } from "../docker/dockerode-client.js";
+import { chooseEngineEndpoint, localEngineProbe, unreachableMessage } from "../docker/engine-endpoint.js";
+import { EngineIdentity } from "../docker/engine-info.js";
 import { onPath } from "../exec/on-path.js";
 import { BoundedCommandRunner } from "../exec/run-bounded.js";
 import { AuthorizedKeys, HostKeysReconciler, passwdUserLookup } from "../host/authorized-keys.js";
@@ -160,7 +162,6 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
     const metrics = new ShimMetrics(store, VERSION);
     metrics.logLinesDropped.inc(logFile.state().droppedLines);
     logFile.onDropped = (lines) => metrics.logLinesDropped.inc(lines);
-    const docker = DockerodeClient.fromEnv(process.env.DOCKER_HOST, metrics.countEngineCall);
     const commands = new BoundedCommandRunner(interruption.signal);
     // Bound below, once the TaskRunner exists: what a degraded home could not take is written when
     // the probe finds it writable again.
@@ -178,18 +179,29 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
       installed: (tool) => onPath(tool),
     });
     detecting.catch(() => undefined); // awaited below; a ping failure must not leave it unhandled
+    // --engine-url, else DOCKER_HOST, else Docker's socket or rootful Podman's (one ping each at most).
+    const endpoint = await chooseEngineEndpoint(
+      { engineUrl: config.engineUrl, dockerHost: process.env.DOCKER_HOST },
+      localEngineProbe((url) => DockerodeClient.fromUrl(url).ping(shutdownController.signal)),
+    );
+    const docker = DockerodeClient.fromUrl(endpoint.url, metrics.countEngineCall);
+    // Which engine it is: detected once it answers, again whenever it is back after an outage.
+    const engine = new EngineIdentity(docker, {
+      log: (level, fields, msg) => log[level](fields, msg),
+      changed: (info) => metrics.setEngine(info),
+    });
     const pinged = docker.ping().catch((error: unknown) => {
-      throw new StartupError(
-        `docker engine unreachable (${process.env.DOCKER_HOST ?? "unix:///var/run/docker.sock"}): ${errorMessage(error)}`,
-        { cause: error },
-      );
+      throw new StartupError(unreachableMessage(endpoint, errorMessage(error)), { cause: error });
     });
     const identified = loadHomeIdentity(config.home).catch((error: unknown) => {
       if (error instanceof HomeIdentityError) throw new StartupError(error.message, { cause: error });
       throw new StartupError(`cannot create the home identity: ${errorMessage(error)}`, { cause: error });
     });
     const steps = [
-      pinged.then(() => detecting),
+      pinged.then(async () => {
+        const [gpus] = await Promise.all([detecting, engine.detect(shutdownController.signal)]);
+        return gpus;
+      }),
       identified,
       readBootId(config.testing.bootIdFile),
       // A full or read-only home does not stop the start: it is reported (healthcheck, metric)
@@ -226,7 +238,13 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
       bootId,
       log,
       shutdown: shutdownController.signal,
-      observer: metrics.observer,
+      observer: {
+        ...metrics.observer,
+        engineSeen: (up) => {
+          metrics.observer.engineSeen(up);
+          engine.seen(up, shutdownController.signal);
+        },
+      },
       storage,
     };
     const runner = new TaskRunner(ctx);
@@ -259,6 +277,7 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
       homeHealth: () => homeWatch.current(),
       ...(handoff ? { handoff } : {}),
       eventStreams: { maxStreams: config.maxEventStreams },
+      engineInfo: () => engine.current(),
     });
     // fastify compiles its routes and schemas (CPU) while the restore waits on the engine and the
     // disk; nothing listens before the restore and the first tick are done.
@@ -305,7 +324,10 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
       {
         address,
         home: config.home,
-        engine: process.env.DOCKER_HOST ?? "unix:///var/run/docker.sock",
+        engine: endpoint.url,
+        engineFrom: endpoint.source,
+        engineKind: engine.current()?.kind ?? "unknown",
+        engineVersion: engine.current()?.version ?? "unknown",
         version: VERSION,
         node: process.version,
         tasks: report.restored,

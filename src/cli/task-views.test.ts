@@ -182,6 +182,40 @@ describe("status report", () => {
     expect(bare).not.toContain("storage:");
   });
 
+  it("names the engine a shim reports before its health, and shows a shim that does not name it as before", () => {
+    const report: ShimStatusReport = {
+      shim: "http://127.0.0.1:10998",
+      service: "dstack-shim",
+      version: "1.2.0",
+      implementation: "taskshim",
+      engine: { status: "up", since: "2025-01-01T00:00:00.000Z", kind: "podman", version: "4.3.1" },
+      gpu: { vendor: null, driver_version: null, in_use: 0 },
+      components: null,
+      tasks: { total: 0, by_status: countByStatus([]) },
+      quarantined_state_files: null,
+    };
+    expect(formatStatusReport(report)).toContain(
+      "engine:       podman 4.3.1, up since 2025-01-01T00:00:00.000Z\n",
+    );
+    const down = {
+      ...report,
+      engine: {
+        status: "down",
+        since: "2025-01-01T00:00:00.000Z",
+        error: "ECONNREFUSED",
+        kind: "docker",
+        version: "20.10.24+dfsg1",
+      },
+    };
+    expect(formatStatusReport(down)).toContain(
+      "engine:       docker 20.10.24+dfsg1, down since 2025-01-01T00:00:00.000Z (ECONNREFUSED)\n",
+    );
+    expect(formatStatusReport({ ...report, engine: { status: "unknown", kind: "docker" } })).toContain(
+      "engine:       docker, unknown\n",
+    );
+    expect(formatStatusReport({ ...report, engine: { status: "up" } })).toContain("engine:       up\n");
+  });
+
   it("shows the storage health a taskshim reports, with its error while degraded", () => {
     const report: ShimStatusReport = {
       shim: "http://127.0.0.1:10998",

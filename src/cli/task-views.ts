@@ -206,9 +206,13 @@ function healthLine(health: { status: string; since?: string; error?: string }):
 
 /** The human view of `taskshim status`. */
 export function formatStatusReport(report: ShimStatusReport): string {
+  // `podman 4.3.1, up since …`; a shim that does not name its engine shows its health alone.
+  const named = report.engine?.kind
+    ? `${report.engine.kind} ${report.engine.version ?? ""}`.trim() + ", "
+    : "";
   const engine = report.engine
     ? [
-        report.engine.status,
+        named + report.engine.status,
         report.engine.since ? `since ${report.engine.since}` : "",
         report.engine.error ? `(${report.engine.error})` : "",
       ]

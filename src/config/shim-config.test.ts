@@ -198,6 +198,31 @@ describe("resolveShimConfig: --max-event-streams", () => {
   });
 });
 
+describe("resolveShimConfig: --engine-url", () => {
+  it("is unset by default, and takes the flag over TASKSHIM_ENGINE_URL", () => {
+    expect(config({}).engineUrl).toBe("");
+    expect(config({}, { TASKSHIM_ENGINE_URL: "unix:///run/podman/podman.sock" }).engineUrl).toBe(
+      "unix:///run/podman/podman.sock",
+    );
+    expect(
+      config({ engineUrl: "tcp://127.0.0.1:2375" }, { TASKSHIM_ENGINE_URL: "unix:///run/podman/podman.sock" })
+        .engineUrl,
+    ).toBe("tcp://127.0.0.1:2375");
+  });
+
+  it("does not read DOCKER_HOST (the engine choice weighs it at startup)", () => {
+    expect(config({}, { DOCKER_HOST: "tcp://127.0.0.1:2375" }).engineUrl).toBe("");
+  });
+
+  it("refuses a URL that is neither unix:///path nor tcp://host:port, naming the setting", () => {
+    for (const bad of ["/var/run/docker.sock", "http://127.0.0.1:2375", "tcp://host"]) {
+      const attempt = () => config({ engineUrl: bad });
+      expect(attempt).toThrow(ConfigError);
+      expect(attempt).toThrow(/^engine-url: engine URL ".*": expected unix:\/\/\//);
+    }
+  });
+});
+
 describe("resolveShimConfig: pass-env", () => {
   it("splits on commas, trims and drops empty names", () => {
     expect(config({}, { DSTACK_DOCKER_PASS_ENV: " FOO, BAR ,,BAZ," }).passEnv).toEqual(["FOO", "BAR", "BAZ"]);

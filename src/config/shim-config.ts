@@ -2,6 +2,7 @@ import { existsSync } from "node:fs";
 import { homedir } from "node:os";
 import { isAbsolute, resolve } from "node:path";
 import type { ContainerParams } from "../docker/container-spec.js";
+import { checkEngineUrl, EngineUrlError } from "../docker/engine-endpoint.js";
 import { DEFAULT_VOLUME_MOUNT_ROOT } from "../host/volumes.js";
 
 /** pino's level names, ordered as logrus' numeric levels 1..6 map to them. */
@@ -44,6 +45,11 @@ export interface ShimConfig {
   readonly adoptUnowned: boolean;
   /** `GET /api/events` streams open at once; one more is answered 503 (1..900). */
   readonly maxEventStreams: number;
+  /**
+   * The engine's address (`unix:///path` or `tcp://host:port`), before DOCKER_HOST; "" = not
+   * set (DOCKER_HOST, else the first default socket that answers: docker/engine-endpoint.ts).
+   */
+  readonly engineUrl: string;
   /** Environment-only knobs for tests and chaos runs (see TESTING_ENV). */
   readonly testing: {
     readonly failpoints: string;
@@ -162,6 +168,11 @@ export const SERVE_SETTINGS = {
     env: "TASKSHIM_ADOPT_UNOWNED",
     help: "adopt labelled containers without owner label and without task state (migrating from a stateless dstack-shim)",
   },
+  engineUrl: {
+    flag: "--engine-url <url>",
+    env: "TASKSHIM_ENGINE_URL",
+    help: "the engine's API: unix:///path/to.sock or tcp://host:port (before DOCKER_HOST; default: Docker's socket, else rootful Podman's)",
+  },
   maxEventStreams: {
     flag: "--max-event-streams <n>",
     env: "TASKSHIM_MAX_EVENT_STREAMS",
@@ -201,6 +212,17 @@ function bool(value: string | boolean, name: string): boolean {
   if (["1", "true", "yes", "on"].includes(v)) return true;
   if (["", "0", "false", "no", "off"].includes(v)) return false;
   throw new ConfigError(`${name}: expected a boolean, got ${JSON.stringify(value)}`);
+}
+
+function engineUrl(value: string): string {
+  if (value.trim() === "") return "";
+  try {
+    return checkEngineUrl(value);
+  } catch (error) {
+    if (error instanceof EngineUrlError)
+      throw new ConfigError(`engine-url: ${error.message}`, { cause: error });
+    throw error;
+  }
 }
 
 /** Maps a logrus level (a digit 1..6 or a name) to pino's. */
@@ -266,6 +288,7 @@ export function resolveShimConfig(
       "max-event-streams",
       MAX_EVENT_STREAMS,
     ),
+    engineUrl: engineUrl(str("engineUrl", "")),
     testing: {
       failpoints: env[TESTING_ENV.failpoints] ?? "",
       bootIdFile: env[TESTING_ENV.bootIdFile] || "/proc/sys/kernel/random/boot_id",

@@ -85,12 +85,17 @@ const HealthcheckSchema = Type.Object({
   service: Type.String(),
   version: Type.String(),
   implementation: Type.Optional(Type.String()),
-  /** taskshim extension: the Docker Engine as the reconciler last saw it. */
+  /**
+   * taskshim extension: the engine as the reconciler last saw it; `kind` (docker, podman) and its
+   * `version` from shims that name it (absent from older ones, and until the engine is known).
+   */
   engine: Type.Optional(
     Type.Object({
       status: Type.String(),
       since: Type.Optional(Type.String()),
       error: Type.Optional(Type.String()),
+      kind: Type.Optional(Type.String()),
+      version: Type.Optional(Type.String()),
     }),
   ),
   /** taskshim extension: whether the shim's home takes durable writes. */

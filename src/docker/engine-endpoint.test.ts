@@ -4,9 +4,14 @@ import {
   chooseEngineEndpoint,
   DOCKER_DEFAULT_URL,
   EngineUrlError,
+  localEngineProbe,
   PODMAN_DEFAULT_URL,
+  unreachableMessage,
   type EngineProbe,
 } from "./engine-endpoint.js";
+import { mkdtemp, rm, writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import { thrown } from "../testing/thrown.js";
 
 /** A host with the given default sockets: present and answering, present and silent, or absent. */
@@ -127,6 +132,58 @@ describe("checkEngineUrl", () => {
       expect(error).toBeInstanceOf(EngineUrlError);
       expect(error.message).toContain(JSON.stringify(url));
       expect(error.message).toMatch(/expected unix:\/\/\//);
+    }
+  });
+});
+
+describe("unreachableMessage", () => {
+  it("names the one address when only one was tried (DOCKER_HOST, --engine-url, a Docker socket)", () => {
+    expect(
+      unreachableMessage(
+        {
+          url: "unix:///nonexistent/docker.sock",
+          source: "DOCKER_HOST",
+          tried: ["unix:///nonexistent/docker.sock"],
+        },
+        "ping: connect ENOENT",
+      ),
+    ).toBe("docker engine unreachable (unix:///nonexistent/docker.sock): ping: connect ENOENT");
+  });
+
+  it("names both default sockets when neither answered", () => {
+    expect(
+      unreachableMessage(
+        {
+          url: DOCKER_DEFAULT_URL,
+          source: "docker-default",
+          tried: [DOCKER_DEFAULT_URL, PODMAN_DEFAULT_URL],
+        },
+        "ping: connect ENOENT /var/run/docker.sock",
+      ),
+    ).toBe(
+      "docker engine unreachable (unix:///var/run/docker.sock; also tried unix:///run/podman/podman.sock; see --engine-url): ping: connect ENOENT /var/run/docker.sock",
+    );
+  });
+});
+
+describe("localEngineProbe", () => {
+  it("sees any file at a unix:// path, nothing at a missing one or a tcp:// URL, and an answer by the ping", async () => {
+    const dir = await mkdtemp(join(tmpdir(), "engine-probe-"));
+    try {
+      await writeFile(join(dir, "docker.sock"), "");
+      const pinged: string[] = [];
+      const probe = localEngineProbe((url) => {
+        pinged.push(url);
+        return url.includes("docker") ? Promise.resolve() : Promise.reject(new Error("ECONNREFUSED"));
+      });
+      expect(await probe.exists(`unix://${join(dir, "docker.sock")}`)).toBe(true);
+      expect(await probe.exists(`unix://${join(dir, "podman.sock")}`)).toBe(false);
+      expect(await probe.exists("tcp://127.0.0.1:2375")).toBe(false);
+      expect(await probe.answers("unix:///x/docker.sock")).toBe(true);
+      expect(await probe.answers("unix:///x/podman.sock")).toBe(false);
+      expect(pinged).toEqual(["unix:///x/docker.sock", "unix:///x/podman.sock"]);
+    } finally {
+      await rm(dir, { recursive: true, force: true });
     }
   });
 });

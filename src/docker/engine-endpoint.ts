@@ -2,6 +2,7 @@
  * Where the engine is: `--engine-url` (TASKSHIM_ENGINE_URL), else DOCKER_HOST, else the first
  * default socket that answers. Chosen once, at startup.
  */
+import { lstat } from "node:fs/promises";
 
 /** Docker's default socket. */
 export const DOCKER_DEFAULT_URL = "unix:///var/run/docker.sock";
@@ -81,4 +82,33 @@ export async function chooseEngineEndpoint(
   if (await probe.answers(PODMAN_DEFAULT_URL))
     return { url: PODMAN_DEFAULT_URL, source: "podman-default", tried };
   return { url: DOCKER_DEFAULT_URL, source: "docker-default", tried };
+}
+
+/**
+ * The host's sockets as {@link chooseEngineEndpoint} asks about them: `exists` looks at the
+ * unix:// path (anything there counts, so a Docker socket that is only being recreated is not
+ * passed over), `answers` is the engine's ping, given by the caller.
+ */
+export function localEngineProbe(ping: (url: string) => Promise<void>): EngineProbe {
+  return {
+    exists: async (url) => {
+      if (!url.startsWith("unix://")) return false;
+      return lstat(url.slice("unix://".length)).then(
+        () => true,
+        () => false,
+      );
+    },
+    answers: (url) =>
+      ping(url).then(
+        () => true,
+        () => false,
+      ),
+  };
+}
+
+/** The start's one line when no engine answered: the address, and what else was tried. */
+export function unreachableMessage(endpoint: EngineEndpoint, why: string): string {
+  const others = endpoint.tried.filter((url) => url !== endpoint.url);
+  const also = others.length > 0 ? `; also tried ${others.join(", ")}; see --engine-url` : "";
+  return `docker engine unreachable (${endpoint.url}${also}): ${why}`;
 }
