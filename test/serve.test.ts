@@ -1,11 +1,13 @@
+import { execFile } from "node:child_process";
 import { chmod, mkdir, readFile, rm, symlink, writeFile } from "node:fs/promises";
 import { createServer, type Server } from "node:net";
 import { join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
+import { promisify } from "node:util";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { testDocker, testEngine } from "./support/docker.js";
 import { ensureTestImages, type TestImages } from "./support/images.js";
-import { ShimProcess, tempHome } from "./support/shim-process.js";
+import { bundleNodeFlags, SHIM_BUNDLE, ShimProcess, tempHome } from "./support/shim-process.js";
 
 let images: TestImages;
 let seq = 0;
@@ -75,6 +77,18 @@ async function fakeVolumeHost() {
       }
     },
   };
+}
+
+/** `taskshim <args>` (a client command) on the bundle; its stdout. */
+async function runStatus(args: string[]): Promise<string> {
+  const { stdout } = await promisify(execFile)(
+    process.execPath,
+    [...bundleNodeFlags(), SHIM_BUNDLE, ...args],
+    {
+      timeout: 15_000,
+    },
+  );
+  return stdout;
 }
 
 beforeAll(async () => {
@@ -177,6 +191,48 @@ describe("taskshim serve", () => {
     expect(phrase).not.toBe("");
     expect(text.split(phrase)).toHaveLength(2);
     await shim.remove(cfg.id);
+  });
+
+  it("names the engine it drives: healthcheck, /metrics, taskshim status and the serving line", async () => {
+    // What the engine says of itself (GET /version), asked here, not through the shim.
+    const answer = (await testDocker().version()) as unknown as {
+      Version?: string;
+      Components?: { Name?: string; Version?: string }[];
+    };
+    const kind = testEngine();
+    const component = answer.Components?.find(
+      (c) => c.Name === (kind === "podman" ? "Podman Engine" : "Engine"),
+    );
+    const version = component?.Version ?? answer.Version ?? "";
+    expect(version).not.toBe("");
+    const shim = await start();
+    try {
+      const health = await shim.request<{ engine: Record<string, unknown> }>("GET", "/api/healthcheck");
+      expect(health.json.engine).toMatchObject({ status: "up", kind, version });
+
+      const metrics = await fetch(`${shim.url}/metrics`).then((r) => r.text());
+      expect(metrics.split("\n").filter((l) => l.startsWith("taskshim_engine_info"))).toEqual([
+        `taskshim_engine_info{engine="${kind}",version="${version}"} 1`,
+      ]);
+
+      const status = await runStatus(["status", "--shim", shim.url]);
+      expect(status.split("\n")).toContain(
+        `engine:       ${kind} ${version}, up since ${String(health.json.engine.since)}`,
+      );
+      const json = JSON.parse(await runStatus(["status", "--json", "--shim", shim.url])) as {
+        engine: Record<string, unknown>;
+      };
+      expect(json.engine).toMatchObject({ kind, version });
+
+      const serving = shim.logs
+        .split("\n")
+        .filter((l) => l.startsWith("{"))
+        .map((l) => JSON.parse(l) as Record<string, unknown>)
+        .find((l) => l.msg === "taskshim serving");
+      expect(serving).toMatchObject({ engineKind: kind, engineVersion: version });
+    } finally {
+      await shim.stop();
+    }
   });
 
   it("U4 never runs two shims on one home", async () => {
