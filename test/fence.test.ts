@@ -95,6 +95,9 @@ async function startSshd(): Promise<void> {
       "KbdInteractiveAuthentication no",
       "UsePAM no",
       "PermitRootLogin prohibit-password",
+      // The docker CLI the SSH session runs finds the engine under test as a local one does
+      // (the podman project's Podman socket); unset, it is the host's default engine.
+      ...(process.env.DOCKER_HOST ? [`SetEnv DOCKER_HOST=${process.env.DOCKER_HOST}`] : []),
       "",
     ].join("\n"),
   );
