@@ -37,12 +37,13 @@ export const FOLDER_GRAPH: Readonly<Record<GraphNode, NodeImports>> = {
     "docker",
     "exec",
     "host",
+    "lifecycle",
     "runner",
     "state",
     "tasks",
   ]),
   control: edges(["docker", "exec", "tasks"]),
-  api: edges(["components", "docker", "host", "runner", "state", "tasks"]),
+  api: edges(["components", "docker", "host", "lifecycle", "runner", "state", "tasks"]),
   config: edges(["docker", "host"]),
   components: edges(["exec", "logging", "state"]),
   runner: edges(["docker", "exec", "host", "logging", "state", "tasks"]),
@@ -53,6 +54,8 @@ export const FOLDER_GRAPH: Readonly<Record<GraphNode, NodeImports>> = {
   // The domain at the bottom: the task model, its config and the values adapters fill in.
   tasks: edges([]),
   logging: edges([]),
+  // The shim process's own phases (starting … stopped): cli moves it, api shows it.
+  lifecycle: edges([]),
   exec: edges([]),
   errors: edges([]),
   "version.ts": edges([]),

@@ -256,11 +256,23 @@ describe("taskshim serve", () => {
     await shim.submit(cfg);
     const running = await shim.waitTask(cfg.id, (t) => t.status === "running");
     const before = await startedAt(running.container_id);
+    const health = (await shim.request("GET", "/api/healthcheck")).json as { lifecycle?: { phase: string } };
+    expect(health.lifecycle?.phase).toBe("serving");
     const answer = await shim.request("POST", "/api/shutdown", { force: false });
     expect(answer.status).toBe(200);
     expect(await shim.waitExit()).toBe(0);
     // Through its whole shutdown (the home released, shim.log closed), not out of work to do.
     expect(shim.logs).toContain('"msg":"shutdown complete"');
+    // The process's lifecycle, each transition logged once and in order.
+    const phases = [...shim.logs.matchAll(/"phase":"(\w+)","from":"(\w+)".*"msg":"shim phase"/g)].map(
+      (m) => `${m[2]}→${m[1]}`,
+    );
+    expect(phases).toEqual([
+      "starting→restoring",
+      "restoring→serving",
+      "serving→draining",
+      "draining→stopped",
+    ]);
     expect((await testDocker().getContainer(running.container_id).inspect()).State.Running).toBe(true);
 
     const again = await start({ home: shim.home });

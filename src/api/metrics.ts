@@ -1,5 +1,6 @@
 import { collectDefaultMetrics, Counter, Gauge, Histogram, Registry } from "prom-client";
 import type { EngineInfo } from "../docker/engine-info.js";
+import { SHIM_PHASES, type ShimPhase } from "../lifecycle/shim-lifecycle.js";
 import type { RunnerObserver } from "../runner/runner-context.js";
 import type { TaskStore } from "../tasks/task-store.js";
 import { TASK_STATUSES } from "../tasks/task-status.js";
@@ -105,6 +106,13 @@ export class ShimMetrics {
     labelNames: ["engine", "version"] as const,
     registers: [this.registry],
   });
+  /** The shim process's phase (lifecycle/shim-lifecycle.ts): 1 for the current one, 0 for the others. */
+  readonly phase = new Gauge({
+    name: "taskshim_phase",
+    help: "1 for the shim's current lifecycle phase (starting, restoring, serving, draining, stopped, failed)",
+    labelNames: ["phase"] as const,
+    registers: [this.registry],
+  });
   readonly engineUp = new Gauge({
     name: "taskshim_engine_up",
     help: "1 when the Docker Engine answered the last reconcile tick",
@@ -173,6 +181,11 @@ export class ShimMetrics {
   setEngine(info: EngineInfo): void {
     this.engineInfo.reset();
     this.engineInfo.set({ engine: info.kind, version: info.version }, 1);
+  }
+
+  /** The shim entered `current`: every phase is exported, so a scrape sees the move as 1 → 0. */
+  setPhase(current: ShimPhase): void {
+    for (const phase of SHIM_PHASES) this.phase.set({ phase }, phase === current ? 1 : 0);
   }
 
   /** A counter hook for the Docker adapter. */

@@ -1,5 +1,6 @@
 import Type, { type TSchema } from "typebox";
 import Value from "typebox/value";
+import { SHIM_PHASES } from "../lifecycle/shim-lifecycle.js";
 import { TASK_STATUSES } from "../tasks/task-status.js";
 import { HttpError } from "./http-errors.js";
 
@@ -49,6 +50,16 @@ export const Healthcheck = Type.Object({
     since: Type.String(),
     error: Type.Optional(Type.String()),
   }),
+  /** The shim process's phase: serving while it answers, draining once a shutdown began. */
+  lifecycle: Type.Optional(
+    Type.Object({
+      phase: Type.Union(
+        SHIM_PHASES.map((phase) => Type.Literal(phase)),
+        { description: "starting, restoring, serving, draining, stopped or failed" },
+      ),
+      since: Type.String({ description: "when the shim entered this phase (ISO 8601)" }),
+    }),
+  ),
   /** Which build answers: `version` alone cannot tell two builds of one release apart. */
   build: Type.Object({
     commit: Type.String({ description: "the git commit it was built from, or unknown" }),

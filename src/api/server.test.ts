@@ -14,6 +14,7 @@ import type { buildApi } from "./server.js";
 import type { Static } from "typebox";
 import type { Healthcheck as HealthcheckSchema } from "./schemas.js";
 import type { EngineInfo } from "../docker/engine-info.js";
+import { SHIM_PHASES, ShimLifecycle } from "../lifecycle/shim-lifecycle.js";
 
 type Healthcheck = Static<typeof HealthcheckSchema>;
 
@@ -132,6 +133,33 @@ describe("GET endpoints", () => {
       expect(lines).toEqual(['taskshim_engine_info{engine="docker",version="20.10.24+dfsg1"} 1']);
     } finally {
       await named.close();
+    }
+  });
+
+  it("shows the shim's lifecycle phase in the healthcheck and as taskshim_phase, one phase at 1", async () => {
+    const lifecycle = new ShimLifecycle({ info: () => undefined, error: () => undefined }, () => 0);
+    const metrics = new ShimMetrics(env.ctx.store, VERSION);
+    metrics.setPhase(lifecycle.phase);
+    lifecycle.onChange((view) => metrics.setPhase(view.phase));
+    const api = buildTestApi(env, { lifecycle: () => lifecycle.view, metrics });
+    try {
+      lifecycle.to("restoring");
+      lifecycle.to("serving");
+      const res = await api.inject({ method: "GET", url: "/api/healthcheck" });
+      expect(res.json<Healthcheck>().lifecycle).toEqual({
+        phase: "serving",
+        since: new Date(0).toISOString(),
+      });
+      lifecycle.to("draining");
+      expect(
+        (await api.inject({ method: "GET", url: "/api/healthcheck" })).json<Healthcheck>().lifecycle?.phase,
+      ).toBe("draining");
+      const phases = (await metrics.exposition()).split("\n").filter((l) => l.startsWith("taskshim_phase{"));
+      expect(phases).toEqual(
+        SHIM_PHASES.map((p) => `taskshim_phase{phase="${p}"} ${p === "draining" ? 1 : 0}`),
+      );
+    } finally {
+      await api.close();
     }
   });
 

@@ -7,6 +7,7 @@ import type { Logger } from "pino";
 import { ComponentRequestError, type ComponentService } from "../components/component-service.js";
 import type { DockerClient } from "../docker/docker-client.js";
 import type { EngineInfo } from "../docker/engine-info.js";
+import type { ShimPhaseView } from "../lifecycle/shim-lifecycle.js";
 import { DockerNotFoundError } from "../docker/docker-errors.js";
 import type { GpuInventory } from "../host/gpu-inventory.js";
 import type { Reconciler } from "../runner/reconciler.js";
@@ -65,6 +66,8 @@ export interface ApiDeps {
   readonly build?: BuildIdentity;
   /** Which engine the shim drives (the healthcheck's `engine.kind` and `version`), once known. */
   readonly engineInfo?: () => EngineInfo | undefined;
+  /** The shim process's phase (the healthcheck's `lifecycle`); absent: not reported. */
+  readonly lifecycle?: () => ShimPhaseView;
   /** The home's storage health (the healthcheck's `storage`); absent: reported ok. */
   readonly storage?: StorageHealth;
   /** When set, every route but the healthcheck needs `Authorization: Bearer <token>`. */
@@ -236,7 +239,7 @@ export function buildApi(deps: ApiDeps) {
       summary: "Service name and version (drives dstack's feature gates); never needs a token",
       public: true,
       response: Healthcheck,
-      // `implementation`, `engine`, `storage` and `build` are taskshim extensions; dstack's client
+      // `implementation`, `engine`, `storage`, `build` and `lifecycle` are taskshim extensions; dstack's client
       // ignores them. `version` stays a plain semver: dstack parses it into a tuple.
       handler: () => ({
         service: "dstack-shim",
@@ -245,6 +248,7 @@ export function buildApi(deps: ApiDeps) {
         engine: engineView(deps.reconciler, deps.engineInfo?.()),
         storage: storageView(deps.storage, startedAt, deps.homeHealth?.()),
         build: buildView,
+        ...(deps.lifecycle ? { lifecycle: deps.lifecycle() } : {}),
       }),
     },
     {

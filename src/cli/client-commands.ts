@@ -239,6 +239,7 @@ async function statusReport(client: ShimClient): Promise<ShimStatusReport> {
     implementation: health.implementation ?? null,
     engine: health.engine ?? null,
     ...(health.storage ? { storage: health.storage } : {}),
+    ...(health.lifecycle ? { lifecycle: health.lifecycle } : {}),
     gpu: {
       vendor: info?.gpu_vendor ?? null,
       driver_version: info?.gpu_driver_version ?? null,

@@ -35,6 +35,7 @@ import { startHeapTrim } from "./heap-trim.js";
 import { inspectInheritedSocket, listenTarget, SocketActivationError } from "./listen-target.js";
 import { SHUTDOWN_TIMINGS, ShutdownDeadline } from "./shutdown-deadline.js";
 import { errorMessage } from "../errors/error-message.js";
+import { ShimLifecycle } from "../lifecycle/shim-lifecycle.js";
 
 /** Startup could not complete; the message is one line for the operator. */
 export class StartupError extends Error {
@@ -143,6 +144,7 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
   // A log file made by an earlier version (0644) is narrowed too.
   await chmod(join(config.home, "shim.log"), 0o600).catch(() => undefined);
   const { log, logFile } = await createLogger(config);
+  const lifecycle = new ShimLifecycle(log);
   try {
     armFailpoints(config.testing.failpoints);
   } catch (error) {
@@ -160,6 +162,8 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
   try {
     const store = new TaskStore();
     const metrics = new ShimMetrics(store, VERSION);
+    metrics.setPhase(lifecycle.phase);
+    lifecycle.onChange((view) => metrics.setPhase(view.phase));
     metrics.logLinesDropped.inc(logFile.state().droppedLines);
     logFile.onDropped = (lines) => metrics.logLinesDropped.inc(lines);
     const commands = new BoundedCommandRunner(interruption.signal);
@@ -278,6 +282,7 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
       ...(handoff ? { handoff } : {}),
       eventStreams: { maxStreams: config.maxEventStreams },
       engineInfo: () => engine.current(),
+      lifecycle: () => lifecycle.view,
     });
     // fastify compiles its routes and schemas (CPU) while the restore waits on the engine and the
     // disk; nothing listens before the restore and the first tick are done.
@@ -285,6 +290,7 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
     apiReady.catch(() => undefined); // awaited below; a failed restore must not leave it unhandled
     // Restore, persist what it reconciled, the first tick, host keys (runner/recover.ts); the
     // cut starts resume once the API serves.
+    lifecycle.to("restoring");
     const recovery = await recover({ ctx, runner, reconciler });
     const report = recovery.report;
     metrics.restoredTasks.set(report.restored);
@@ -336,6 +342,7 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
       },
       "taskshim serving",
     );
+    lifecycle.to("serving");
 
     const loop = reconciler.run();
     const events = config.testing.noEvents ? Promise.resolve() : reconciler.followEvents();
@@ -351,6 +358,7 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
         deadline?.interruptNow();
         return;
       }
+      lifecycle.to("draining", { force });
       log.info(
         { force, graceMs: SHUTDOWN_TIMINGS.graceMs, boundMs: SHUTDOWN_TIMINGS.boundMs },
         "shutting down; containers keep running",
@@ -387,6 +395,8 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
           );
         }
         log.info({ outcome: outcome.kind, elapsedMs: outcome.elapsedMs }, "shutdown complete");
+        // Steps left behind at the bound are a shutdown that did not finish: failed, not stopped.
+        lifecycle.to(outcome.kind === "deadline" ? "failed" : "stopped", { outcome: outcome.kind });
         log.flush();
         // Frees shim.log's descriptor; a line logged after this is still appended (LogFileSink.close).
         logFile.close();
@@ -395,6 +405,7 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
     }
     return { address, stopped, shutdown };
   } catch (error) {
+    lifecycle.to("failed", { error: errorMessage(error) });
     shutdownController.abort();
     stopHomeWatch();
     await lock.release();

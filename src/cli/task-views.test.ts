@@ -182,6 +182,25 @@ describe("status report", () => {
     expect(bare).not.toContain("storage:");
   });
 
+  it("prints the shim's lifecycle phase when it reports one, and no phase line for a shim that does not", () => {
+    const report: ShimStatusReport = {
+      shim: "http://127.0.0.1:10998",
+      service: "dstack-shim",
+      version: "1.2.0",
+      implementation: "taskshim",
+      engine: null,
+      lifecycle: { phase: "draining", since: "2025-01-01T00:00:05.000Z" },
+      gpu: { vendor: null, driver_version: null, in_use: 0 },
+      components: null,
+      tasks: { total: 0, by_status: countByStatus([]) },
+      quarantined_state_files: null,
+    };
+    const lines = formatStatusReport(report).split("\n");
+    expect(lines[2]).toBe("phase:        draining since 2025-01-01T00:00:05.000Z");
+    const { lifecycle: _, ...older } = report;
+    expect(formatStatusReport(older)).not.toContain("phase:");
+  });
+
   it("names the engine a shim reports before its health, and shows a shim that does not name it as before", () => {
     const report: ShimStatusReport = {
       shim: "http://127.0.0.1:10998",

@@ -159,6 +159,8 @@ export interface ShimStatusReport {
   readonly engine: NonNullable<Healthcheck["engine"]> | null;
   /** Whether the shim's home takes durable writes; absent when the shim does not report it. */
   readonly storage?: NonNullable<Healthcheck["storage"]>;
+  /** The shim process's lifecycle phase; absent when the shim does not report it. */
+  readonly lifecycle?: NonNullable<Healthcheck["lifecycle"]>;
   readonly gpu: {
     readonly vendor: string | null;
     readonly driver_version: string | null;
@@ -237,6 +239,9 @@ export function formatStatusReport(report: ShimStatusReport): string {
   return formatFields([
     ["shim", report.shim],
     ["version", `${report.version}${report.implementation ? ` (${report.implementation})` : ""}`],
+    ...(report.lifecycle
+      ? [["phase", `${report.lifecycle.phase} since ${report.lifecycle.since}`] as [string, string]]
+      : []),
     ["engine", engine],
     ...(report.storage ? [["storage", healthLine(report.storage)] as [string, string]] : []),
     ["gpus", gpus],

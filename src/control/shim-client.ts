@@ -106,6 +106,8 @@ const HealthcheckSchema = Type.Object({
       error: Type.Optional(Type.String()),
     }),
   ),
+  /** taskshim extension: the shim process's lifecycle phase and since when (absent from older shims). */
+  lifecycle: Type.Optional(Type.Object({ phase: Type.String(), since: Type.String() })),
   /**
    * taskshim extension: which build answers (absent before build ids, e.g. 1.0.0). `build_id`
    * is what tells two builds of one version apart; the rest is informative, so not required.

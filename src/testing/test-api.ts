@@ -8,6 +8,7 @@ import { VERSION } from "../version.js";
 import type { ConnectionHandoff, DrainTimes } from "../api/connection-drain.js";
 import type { EventStreamLimits } from "../api/event-streams.js";
 import type { EngineInfo } from "../docker/engine-info.js";
+import type { ShimPhaseView } from "../lifecycle/shim-lifecycle.js";
 import { FakeCommandRunner } from "./fake-command-runner.js";
 import type { TestEnv } from "./test-context.js";
 
@@ -27,6 +28,8 @@ export interface TestApiOptions {
   readonly eventStreams?: Partial<EventStreamLimits>;
   /** Which engine the healthcheck names (default: none detected). */
   readonly engineInfo?: () => EngineInfo | undefined;
+  /** The shim's lifecycle phase the healthcheck shows (default: none). */
+  readonly lifecycle?: () => ShimPhaseView;
   /** The metrics the API serves (default: new ones over the context's store). */
   readonly metrics?: ShimMetrics;
 }
@@ -61,5 +64,6 @@ export function buildTestApi(env: TestEnv, options: TestApiOptions = {}): Return
     ...(options.handoff ? { handoff: options.handoff } : {}),
     ...(options.eventStreams ? { eventStreams: options.eventStreams } : {}),
     ...(options.engineInfo ? { engineInfo: options.engineInfo } : {}),
+    ...(options.lifecycle ? { lifecycle: options.lifecycle } : {}),
   });
 }

@@ -1,0 +1,127 @@
+/**
+ * The shim process's own lifecycle, kept the way task statuses are: an explicit union and a
+ * table of the transitions allowed, each made once and logged once.
+ *
+ * ```text
+ * starting ──► restoring ──► serving ──► draining ──► stopped
+ *    │             │            │            │
+ *    └─────────────┴────────────┴────────────┴──────► failed
+ * ```
+ *
+ * `starting` builds the parts and takes the home lock; `restoring` is the recovery (tasks read
+ * back, exits while down finalized, host keys and starts resumed); `serving` begins once the
+ * listener accepts requests; `draining` is a shutdown in progress (listener closed, starts in
+ * flight given their grace, then interrupted); `stopped` is a shutdown whose steps all settled
+ * within its bound. `failed` is a start that could not finish or a shutdown that reached its bound
+ * with steps unfinished. Nothing drains before `serving`: until then no request can ask for a
+ * shutdown, and a signal ends the process as a `kill` would (the restore is built for that).
+ */
+export type ShimPhase = "starting" | "restoring" | "serving" | "draining" | "stopped" | "failed";
+
+/** Every phase, in lifecycle order (for metrics that export one series per phase). */
+export const SHIM_PHASES: readonly ShimPhase[] = [
+  "starting",
+  "restoring",
+  "serving",
+  "draining",
+  "stopped",
+  "failed",
+];
+
+const NEXT: Readonly<Record<ShimPhase, readonly ShimPhase[]>> = {
+  starting: ["restoring", "failed"],
+  restoring: ["serving", "failed"],
+  serving: ["draining", "failed"],
+  draining: ["stopped", "failed"],
+  stopped: [],
+  failed: [],
+};
+
+/** A transition the table does not allow: a bug in the caller, never an input error. */
+export class IllegalShimTransitionError extends Error {
+  constructor(
+    readonly from: ShimPhase,
+    readonly to: ShimPhase,
+  ) {
+    super(`shim lifecycle: ${from} → ${to} is not a transition`);
+    this.name = "IllegalShimTransitionError";
+  }
+}
+
+/** Where transitions are logged (the shim's pino logger fits). */
+export interface PhaseLogger {
+  info(fields: Record<string, unknown>, message: string): void;
+  error(fields: Record<string, unknown>, message: string): void;
+}
+
+/** The phase and since when, as the healthcheck and `taskshim status` show it. */
+export interface ShimPhaseView {
+  readonly phase: ShimPhase;
+  /** ISO 8601 time of the transition into `phase`. */
+  readonly since: string;
+}
+
+/** The lifecycle of one shim process: see {@link ShimPhase}. */
+export class ShimLifecycle {
+  private current: ShimPhase = "starting";
+  private sinceMs: number;
+  private readonly listeners = new Set<(view: ShimPhaseView) => void>();
+
+  constructor(
+    private readonly log: PhaseLogger,
+    private readonly now: () => number = Date.now,
+  ) {
+    this.sinceMs = now();
+  }
+
+  /** The current phase. */
+  get phase(): ShimPhase {
+    return this.current;
+  }
+
+  /** The current phase and since when. */
+  get view(): ShimPhaseView {
+    return { phase: this.current, since: new Date(this.sinceMs).toISOString() };
+  }
+
+  /** True once the process has reached `stopped` or `failed`. */
+  get ended(): boolean {
+    return NEXT[this.current].length === 0;
+  }
+
+  /**
+   * Moves to `next` and logs it once (`failed` at error level), with `detail` in the log line.
+   * Throws {@link IllegalShimTransitionError} for a move the table does not allow.
+   */
+  to(next: ShimPhase, detail: Record<string, unknown> = {}): void {
+    if (!this.may(next)) throw new IllegalShimTransitionError(this.current, next);
+    const from = this.current;
+    this.current = next;
+    this.sinceMs = this.now();
+    const fields = { phase: next, from, ...detail };
+    if (next === "failed") this.log.error(fields, "shim phase");
+    else this.log.info(fields, "shim phase");
+    const view = this.view;
+    for (const listener of this.listeners) listener(view);
+  }
+
+  /**
+   * Moves to `next` when the table allows it and reports whether it did: for the moves that
+   * can race (a second shutdown signal while draining, a failure after a stop).
+   */
+  tryTo(next: ShimPhase, detail: Record<string, unknown> = {}): boolean {
+    if (!this.may(next)) return false;
+    this.to(next, detail);
+    return true;
+  }
+
+  /** Calls `listener` after every transition; returns the function that unsubscribes it. */
+  onChange(listener: (view: ShimPhaseView) => void): () => void {
+    this.listeners.add(listener);
+    return () => this.listeners.delete(listener);
+  }
+
+  private may(next: ShimPhase): boolean {
+    return NEXT[this.current].includes(next);
+  }
+}
