@@ -311,7 +311,9 @@ describe("chaos: SIGKILL at every failpoint, restart without failpoints (A1–A1
     await runsToDone(t);
     expect(existsSync(authFile)).toBe(false);
     const pullLog = (await readFile(join(s.taskDir(t.id), "pull.log"), "utf8")).split("\n").filter(Boolean);
-    expect(pullLog.length).toBeGreaterThan(0);
+    // Podman finishes a pull whose client went away: the resumed start may find the image and
+    // pull nothing, leaving an empty pull.log. Docker cancels it, so the resume pulls again.
+    if (testEngine() === "docker") expect(pullLog.length).toBeGreaterThan(0);
     for (const line of pullLog) expect(() => JSON.parse(line) as unknown).not.toThrow();
     expect(pullLog.join("\n")).not.toContain(creds.password);
     await s.oracle();
