@@ -42,8 +42,10 @@ export const FOLDER_GRAPH: Readonly<Record<GraphNode, NodeImports>> = {
     "state",
     "tasks",
   ]),
-  control: edges(["docker", "exec", "tasks"]),
-  api: edges(["components", "docker", "host", "lifecycle", "runner", "state", "tasks"]),
+  control: edges(["docker", "exec", "tasks", "wire"]),
+  api: edges(["components", "docker", "host", "lifecycle", "runner", "state", "tasks", "wire"]),
+  // The HTTP wire format: the schemas api/ serves and control/ reads answers with.
+  wire: edges(["lifecycle", "tasks"]),
   config: edges(["docker", "host"]),
   components: edges(["exec", "logging", "state"]),
   runner: edges(["docker", "exec", "host", "logging", "state", "tasks"]),

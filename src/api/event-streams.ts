@@ -1,7 +1,7 @@
 import type { ServerResponse } from "node:http";
 import type { Task } from "../tasks/task.js";
 import type { TaskStatusChange, TaskStore } from "../tasks/task-store.js";
-import { taskEvent } from "./wire.js";
+import { taskEvent } from "../wire/task-answers.js";
 
 /** The bounds of `GET /api/events` (docs/api.md, "GET /api/events"). */
 export interface EventStreamLimits {

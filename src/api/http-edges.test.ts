@@ -1,7 +1,7 @@
 import { connect } from "node:net";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { makeContext, type TestEnv } from "../testing/test-context.js";
-import { oneLineMessage } from "./server.js";
+import { oneLineMessage } from "./replies.js";
 import { buildTestApi } from "../testing/test-api.js";
 
 let env: TestEnv;

@@ -12,7 +12,7 @@ import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
 import { armFailpoints } from "../runner/failpoints.js";
 import type { buildApi } from "./server.js";
 import type { Static } from "typebox";
-import type { Healthcheck as HealthcheckSchema } from "./schemas.js";
+import type { Healthcheck as HealthcheckSchema } from "../wire/schemas.js";
 import type { EngineInfo } from "../docker/engine-info.js";
 import { SHIM_PHASES, ShimLifecycle } from "../lifecycle/shim-lifecycle.js";
 

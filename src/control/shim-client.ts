@@ -1,7 +1,20 @@
 import semver from "semver";
-import Type, { type Static, type TSchema } from "typebox";
+import type { Static, TSchema } from "typebox";
 import Value from "typebox/value";
 import { TASK_STATUSES, type TaskStatus } from "../tasks/task-status.js";
+import {
+  ComponentsView,
+  HealthcheckView,
+  InstanceInfoView,
+  TaskEventView,
+  TaskInfoView,
+  TaskListView,
+  type ComponentReading,
+  type HealthcheckReading,
+  type InstanceInfoReading,
+  type TaskEventReading,
+  type TaskInfoReading,
+} from "../wire/client-views.js";
 import { errorMessage } from "../errors/error-message.js";
 
 /** The shim answered with an HTTP error status. */
@@ -78,127 +91,16 @@ export async function readLimitedText(
   return Buffer.concat(chunks, size).toString("utf8");
 }
 
-// A union built from an array loses its literal types in Static (it becomes never); the schema
-// still checks the values, Unsafe only restores the type.
-const Status = Type.Unsafe<TaskStatus>(Type.Union(TASK_STATUSES.map((s) => Type.Literal(s))));
-const HealthcheckSchema = Type.Object({
-  service: Type.String(),
-  version: Type.String(),
-  implementation: Type.Optional(Type.String()),
-  /**
-   * taskshim extension: the engine as the reconciler last saw it; `kind` (docker, podman) and its
-   * `version` from shims that name it (absent from older ones, and until the engine is known).
-   */
-  engine: Type.Optional(
-    Type.Object({
-      status: Type.String(),
-      since: Type.Optional(Type.String()),
-      error: Type.Optional(Type.String()),
-      kind: Type.Optional(Type.String()),
-      version: Type.Optional(Type.String()),
-    }),
-  ),
-  /** taskshim extension: whether the shim's home takes durable writes. */
-  storage: Type.Optional(
-    Type.Object({
-      status: Type.String(),
-      since: Type.Optional(Type.String()),
-      error: Type.Optional(Type.String()),
-    }),
-  ),
-  /** taskshim extension: the shim process's lifecycle phase and since when (absent from older shims). */
-  lifecycle: Type.Optional(Type.Object({ phase: Type.String(), since: Type.String() })),
-  /**
-   * taskshim extension: which build answers (absent before build ids, e.g. 1.0.0). `build_id`
-   * is what tells two builds of one version apart; the rest is informative, so not required.
-   */
-  build: Type.Optional(
-    Type.Object({
-      build_id: Type.String(),
-      commit: Type.Optional(Type.String()),
-      dirty: Type.Optional(Type.Boolean()),
-    }),
-  ),
-});
-const TaskListSchema = Type.Object({ tasks: Type.Array(Type.Object({ id: Type.String(), status: Status })) });
-const TaskInfoSchema = Type.Object({
-  id: Type.String(),
-  status: Status,
-  termination_reason: Type.String(),
-  termination_message: Type.String(),
-  ports: Type.Optional(
-    Type.Union([Type.Array(Type.Object({ host: Type.Integer(), container: Type.Integer() })), Type.Null()]),
-  ),
-  image_pull_progress: Type.Optional(
-    Type.Union([
-      Type.Object({
-        downloaded_bytes: Type.Number(),
-        extracted_bytes: Type.Number(),
-        total_bytes: Type.Number(),
-        is_total_bytes_final: Type.Boolean(),
-      }),
-      Type.Null(),
-    ]),
-  ),
-  container_name: Type.Optional(Type.String()),
-  container_id: Type.Optional(Type.String()),
-  /** The key's spelling is dstack-shim's (sic). */
-  gpus_ids: Type.Optional(Type.Union([Type.Array(Type.String()), Type.Null()])),
-  /** taskshim extensions (absent on dstack-shim). */
-  name: Type.Optional(Type.String()),
-  image_name: Type.Optional(Type.String()),
-  exit_code: Type.Optional(Type.Union([Type.Integer(), Type.Null()])),
-  created_at: Type.Optional(Type.Union([Type.String(), Type.Null()])),
-  started_at: Type.Optional(Type.Union([Type.String(), Type.Null()])),
-  finished_at: Type.Optional(Type.Union([Type.String(), Type.Null()])),
-});
-const TaskEventSchema = Type.Object({
-  time: Type.String(),
-  kind: Type.Union([
-    Type.Literal("present"),
-    Type.Literal("added"),
-    Type.Literal("changed"),
-    Type.Literal("removed"),
-  ]),
-  id: Type.String(),
-  from: Type.Union([Status, Type.Null()]),
-  to: Type.Union([Status, Type.Null()]),
-  termination_reason: Type.Optional(Type.String()),
-  exit_code: Type.Optional(Type.Union([Type.Integer(), Type.Null()])),
-});
-const InstanceInfoSchema = Type.Object({
-  gpu_vendor: Type.Optional(Type.String()),
-  gpu_driver_version: Type.Optional(Type.String()),
-});
-const ComponentsSchema = Type.Object({
-  components: Type.Array(
-    Type.Object({
-      name: Type.String(),
-      version: Type.String(),
-      /** taskshim extension: the installed binary's build id (its `version --json`), if it has one. */
-      build_id: Type.Optional(Type.String()),
-      /** taskshim extension: why the last install failed (the binary in place is then reported). */
-      error: Type.Optional(Type.String()),
-      status: Type.Union([
-        Type.Literal("not-installed"),
-        Type.Literal("installed"),
-        Type.Literal("installing"),
-        Type.Literal("error"),
-      ]),
-    }),
-  ),
-});
-
 /** `GET /api/healthcheck`. */
-export type Healthcheck = Static<typeof HealthcheckSchema>;
+export type Healthcheck = HealthcheckReading;
 /** `GET /api/tasks/{id}` (the fields the control plane reads). */
-export type ShimTaskInfo = Static<typeof TaskInfoSchema>;
+export type ShimTaskInfo = TaskInfoReading;
 /** One line of the taskshim extension `GET /api/events`. */
-export type ShimTaskEvent = Static<typeof TaskEventSchema>;
+export type ShimTaskEvent = TaskEventReading;
 /** One entry of `GET /api/components`. */
-export type ShimComponent = Static<typeof ComponentsSchema>["components"][number];
+export type ShimComponent = ComponentReading;
 /** `GET /api/instance/info`: the first GPU's vendor and driver, or `{}` without GPUs. */
-export type ShimInstanceInfo = Static<typeof InstanceInfoSchema>;
+export type ShimInstanceInfo = InstanceInfoReading;
 /** `image_pull_progress` of a task. */
 export type ShimPullProgress = NonNullable<ShimTaskInfo["image_pull_progress"]>;
 
@@ -334,7 +236,7 @@ export class ShimClient {
 
   /** `GET /api/healthcheck`, and the features it implies (cached). */
   async healthcheck(): Promise<Healthcheck> {
-    const health = await this.call("GET", "/api/healthcheck", HealthcheckSchema);
+    const health = await this.call("GET", "/api/healthcheck", HealthcheckView);
     this.features = negotiateFeatures(health);
     return health;
   }
@@ -346,11 +248,11 @@ export class ShimClient {
   }
 
   async listTasks(): Promise<{ id: string; status: TaskStatus }[]> {
-    return (await this.call("GET", "/api/tasks", TaskListSchema)).tasks;
+    return (await this.call("GET", "/api/tasks", TaskListView)).tasks;
   }
 
   async getTask(id: string): Promise<ShimTaskInfo> {
-    return this.call("GET", `/api/tasks/${encodeURIComponent(id)}`, TaskInfoSchema);
+    return this.call("GET", `/api/tasks/${encodeURIComponent(id)}`, TaskInfoView);
   }
 
   /**
@@ -363,7 +265,7 @@ export class ShimClient {
     options: { readonly adoptExisting?: boolean } = {},
   ): Promise<ShimTaskInfo> {
     try {
-      return await this.call("POST", "/api/tasks", TaskInfoSchema, config);
+      return await this.call("POST", "/api/tasks", TaskInfoView, config);
     } catch (error) {
       if (error instanceof ShimHttpError && error.status === 409 && options.adoptExisting !== false) {
         const existing = await this.getTask(config.id).catch(() => undefined);
@@ -382,7 +284,7 @@ export class ShimClient {
     return this.call(
       "POST",
       `/api/tasks/${encodeURIComponent(id)}/terminate`,
-      TaskInfoSchema,
+      TaskInfoView,
       { termination_reason: reason, termination_message: message, timeout },
       timeout * 1000 + this.timeoutMs,
     );
@@ -456,7 +358,7 @@ export class ShimClient {
           } catch (cause) {
             throw new ShimProtocolError(`${path}: a line is not JSON`, { cause });
           }
-          if (!Value.Check(TaskEventSchema, json)) throw new ShimProtocolError(`${path}: unexpected event`);
+          if (!Value.Check(TaskEventView, json)) throw new ShimProtocolError(`${path}: unexpected event`);
           yield json;
         }
         // A line that never ends would grow without bound: not an event stream of a shim.
@@ -472,7 +374,7 @@ export class ShimClient {
 
   /** `GET /api/instance/info`. */
   async instanceInfo(): Promise<ShimInstanceInfo> {
-    return this.call("GET", "/api/instance/info", InstanceInfoSchema);
+    return this.call("GET", "/api/instance/info", InstanceInfoView);
   }
 
   /** `GET /metrics`: the Prometheus text exposition. */
@@ -481,7 +383,7 @@ export class ShimClient {
   }
 
   async getComponents(): Promise<ShimComponent[]> {
-    return (await this.call("GET", "/api/components", ComponentsSchema)).components;
+    return (await this.call("GET", "/api/components", ComponentsView)).components;
   }
 
   async installComponent(name: "dstack-runner" | "dstack-shim", url: string, sha256?: string): Promise<void> {

@@ -1,16 +1,28 @@
-import Type, { type TSchema } from "typebox";
-import Value from "typebox/value";
+import Type, { type Static, type TSchema } from "typebox";
 import { SHIM_PHASES } from "../lifecycle/shim-lifecycle.js";
-import { TASK_STATUSES } from "../tasks/task-status.js";
-import { HttpError } from "./http-errors.js";
+import { TaskSubmitBodySchema } from "../tasks/task-config.js";
+import { TASK_STATUSES, type TaskStatus } from "../tasks/task-status.js";
+import { open } from "./tolerant.js";
 
 /*
- * The wire schemas of every route. The same objects validate request bodies and make up the
- * OpenAPI document, so the document cannot drift from what the server accepts.
+ * The HTTP wire format: the request and answer schemas of every route. The server validates
+ * request bodies with them and builds the OpenAPI document from them, so the document cannot
+ * drift from what the server accepts; clients (control/shim-client.ts) check answers against the
+ * tolerant views derived from them (client-views.ts). Values marked `open` may gain members in a
+ * later release: the server sends and documents only these, a client accepts any string there.
  */
 
 const nullable = <T extends TSchema>(schema: T) => Type.Optional(Type.Union([schema, Type.Null()]));
-const Status = Type.Union(TASK_STATUSES.map((s) => Type.Literal(s)));
+// A union built from an array loses its literal types in Static (it becomes never); the schema
+// still checks the values, Unsafe only restores the type (and adds nothing to the JSON).
+const Status = Type.Unsafe<TaskStatus>(Type.Union(TASK_STATUSES.map((s) => Type.Literal(s))));
+
+/**
+ * `POST /api/tasks` (dstack-shim's TaskConfig). Its schema lives with the decoder that applies
+ * Go's forgiving rules and the value rules (`tasks/task-config.ts`, which imports nothing); it is
+ * part of the wire format all the same.
+ */
+export const SubmitBody = TaskSubmitBodySchema;
 
 /** The longest stop timeout a terminate may ask for (a day). */
 export const MAX_STOP_TIMEOUT_S = 24 * 60 * 60;
@@ -29,33 +41,38 @@ export const ComponentInstallBody = Type.Object({
 
 export const LogsQuery = Type.Object({ tail: Type.Optional(Type.Integer({ minimum: 1, maximum: 10_000 })) });
 
+/** `GET /api/healthcheck`: dstack's `service` and `version`, then taskshim's extensions. */
 export const Healthcheck = Type.Object({
-  service: Type.Literal("dstack-shim"),
+  service: open(Type.Literal("dstack-shim")),
   version: Type.String(),
-  implementation: Type.Literal("taskshim"),
+  implementation: open(Type.Literal("taskshim")),
   engine: Type.Object({
-    status: Type.Union([Type.Literal("up"), Type.Literal("down"), Type.Literal("unknown")]),
+    status: open(Type.Union([Type.Literal("up"), Type.Literal("down"), Type.Literal("unknown")])),
     since: Type.Optional(Type.String()),
     error: Type.Optional(Type.String()),
     kind: Type.Optional(
-      Type.Union([Type.Literal("docker"), Type.Literal("podman")], {
-        description: "which engine the shim drives, from its GET /version; absent until first known",
-      }),
+      open(
+        Type.Union([Type.Literal("docker"), Type.Literal("podman")], {
+          description: "which engine the shim drives, from its GET /version; absent until first known",
+        }),
+      ),
     ),
     version: Type.Optional(Type.String({ description: "the engine's own version (not its API version)" })),
   }),
   /** Whether the home takes durable writes; `error` only while degraded. */
   storage: Type.Object({
-    status: Type.Union([Type.Literal("ok"), Type.Literal("degraded")]),
+    status: open(Type.Union([Type.Literal("ok"), Type.Literal("degraded")])),
     since: Type.String(),
     error: Type.Optional(Type.String()),
   }),
   /** The shim process's phase: serving while it answers, draining once a shutdown began. */
   lifecycle: Type.Optional(
     Type.Object({
-      phase: Type.Union(
-        SHIM_PHASES.map((phase) => Type.Literal(phase)),
-        { description: "starting, restoring, serving, draining, stopped or failed" },
+      phase: open(
+        Type.Union(
+          SHIM_PHASES.map((phase) => Type.Literal(phase)),
+          { description: "starting, restoring, serving, draining, stopped or failed" },
+        ),
       ),
       since: Type.String({ description: "when the shim entered this phase (ISO 8601)" }),
     }),
@@ -75,6 +92,7 @@ export const PullProgress = Type.Object({
   total_bytes: Type.Integer(),
   is_total_bytes_final: Type.Boolean(),
 });
+/** `GET /api/tasks/{id}` and the other task answers (dstack-shim's TaskInfoResponse). */
 export const TaskInfo = Type.Object({
   id: Type.String(),
   status: Status,
@@ -87,6 +105,7 @@ export const TaskInfo = Type.Object({
   image_pull_progress: Type.Union([PullProgress, Type.Null()]),
   container_name: Type.String(),
   container_id: Type.String(),
+  /** The key's spelling is dstack-shim's (sic). */
   gpus_ids: Type.Union([Type.Array(Type.String()), Type.Null()]),
   name: Type.String({ description: "taskshim extension: the task's name, as submitted" }),
   image_name: Type.String({ description: "taskshim extension: the task's image, as submitted" }),
@@ -109,7 +128,7 @@ export const TaskList = Type.Object({
 export const Components = Type.Object({
   components: Type.Array(
     Type.Object({
-      name: Type.Union([Type.Literal("dstack-runner"), Type.Literal("dstack-shim")]),
+      name: open(Type.Union([Type.Literal("dstack-runner"), Type.Literal("dstack-shim")])),
       version: Type.String(),
       status: Type.Union([
         Type.Literal("not-installed"),
@@ -139,11 +158,46 @@ export const InstanceInfo = Type.Object({
 export const InstanceHealth = Type.Object({ dcgm: Type.Null() });
 
 /**
- * Checks a decoded body against its schema; the first bad field gets dstack-shim's message.
+ * One line of `GET /api/events` (taskshim extension, newline-delimited JSON). `present`: a task of
+ * the snapshot that opens the stream; then `added`, `changed` or `removed`.
  */
-export function checkBody<T extends TSchema>(schema: T, body: Record<string, unknown>): void {
-  if (Value.Check(schema, body)) return;
-  const first = Value.Errors(schema, body).find((e) => e.instancePath !== "");
-  const field = (first?.instancePath ?? "").split("/").filter(Boolean).join(".");
-  throw new HttpError(400, `Request body contains an invalid value for the "${field}" field`);
-}
+export const TaskEvent = Type.Object({
+  time: Type.String(),
+  kind: Type.Union([
+    Type.Literal("present"),
+    Type.Literal("added"),
+    Type.Literal("changed"),
+    Type.Literal("removed"),
+  ]),
+  id: Type.String(),
+  from: Type.Union([Status, Type.Null()]),
+  to: Type.Union([Status, Type.Null()]),
+  /** Set once the task is terminated. */
+  termination_reason: Type.Optional(Type.String()),
+  exit_code: Type.Optional(Type.Union([Type.Integer(), Type.Null()])),
+});
+
+/** The shared schemas of the OpenAPI document, by name, in the document's order. */
+export const OPENAPI_SCHEMAS: Readonly<Record<string, TSchema>> = {
+  Healthcheck,
+  ShutdownBody,
+  InstanceHealth,
+  InstanceInfo,
+  Components,
+  ComponentInstallBody,
+  TaskList,
+  TaskConfig: SubmitBody,
+  TaskInfo,
+  TerminateBody,
+};
+
+/** A value the server builds and never changes (it may hand out the task's own arrays). */
+type Frozen<T> = T extends readonly (infer E)[]
+  ? readonly Frozen<E>[]
+  : T extends object
+    ? { readonly [K in keyof T]: Frozen<T[K]> }
+    : T;
+/** A task answer as the server builds it. */
+export type TaskInfoAnswer = Frozen<Static<typeof TaskInfo>>;
+/** An event of the stream as the server builds it. */
+export type TaskEventAnswer = Frozen<Static<typeof TaskEvent>>;

@@ -1,7 +1,7 @@
 import { describe, expect, it } from "vitest";
 import { newTask, type Task } from "../tasks/task.js";
 import { parseTaskConfig } from "../tasks/task-config.js";
-import { taskEvent, taskInfo } from "./wire.js";
+import { taskEvent, taskInfo } from "./task-answers.js";
 
 const { config } = parseTaskConfig({ id: "wire-1", name: "job", image_name: "busybox:1.36" });
 

@@ -1,35 +1,16 @@
 import type { Task } from "../tasks/task.js";
-import type { TaskStatus } from "../tasks/task-status.js";
-import type { ImagePullProgress, PortMapping } from "../tasks/task-parts.js";
 import type { TaskStatusChange } from "../tasks/task-store.js";
+import type { TaskEventAnswer, TaskInfoAnswer } from "./schemas.js";
 
-/** `GET /api/tasks/{id}` and the other task answers (dstack-shim's TaskInfoResponse). */
-export interface TaskInfoResponse {
-  id: string;
-  status: TaskStatus;
-  termination_reason: string;
-  termination_message: string;
-  ports: readonly PortMapping[] | null;
-  image_pull_progress: ImagePullProgress | null;
-  container_name: string;
-  container_id: string;
-  /** The key's spelling is dstack-shim's (sic). */
-  gpus_ids: readonly string[] | null;
-  /** taskshim extensions: the task's name and image, as submitted. */
-  name: string;
-  image_name: string;
-  /** taskshim extension: the container's exit code; null until known, or when it never can be. */
-  exit_code: number | null;
-  /** taskshim extensions: ISO 8601 times; null when not reached yet or unknown. */
-  created_at: string | null;
-  started_at: string | null;
-  finished_at: string | null;
-}
+/*
+ * The server's answers about tasks, built from the task model: their shapes are the wire
+ * schemas' (schemas.ts), so a field the schema gains and the answer lacks fails to compile.
+ */
 
 const iso = (ms: number | undefined): string | null => (ms === undefined ? null : new Date(ms).toISOString());
 
 /** The wire view of a task. */
-export function taskInfo(task: Task): TaskInfoResponse {
+export function taskInfo(task: Task): TaskInfoAnswer {
   return {
     id: task.id,
     status: task.status,
@@ -50,23 +31,10 @@ export function taskInfo(task: Task): TaskInfoResponse {
   };
 }
 
-/** One line of `GET /api/events` (taskshim extension), as NDJSON. */
-export interface TaskEvent {
-  readonly time: string;
-  /** `present`: in the snapshot that opens the stream; then `added`, `changed` or `removed`. */
-  readonly kind: "present" | "added" | "changed" | "removed";
-  readonly id: string;
-  readonly from: TaskStatus | null;
-  readonly to: TaskStatus | null;
-  /** Set once the task is terminated. */
-  readonly termination_reason?: string;
-  readonly exit_code?: number | null;
-}
-
 /** A store change (or, with `present`, a task of the opening snapshot) as an event. */
 export function taskEvent(
   change: TaskStatusChange | { readonly kind: "present"; readonly task: Task },
-): TaskEvent {
+): TaskEventAnswer {
   const { task } = change;
   const terminated =
     change.kind !== "removed" && task.status === "terminated"
