@@ -12,18 +12,27 @@ import { runB7 } from "./b7-burst.js";
 import { runB8 } from "./b8-upgrade-window.js";
 import { runB9 } from "./b9-fleet-rollout.js";
 import { runB10 } from "./b10-event-fanout.js";
+import {
+  checkEngine,
+  engineTarget,
+  engineVersion,
+  parseEngines,
+  PER_ENGINE,
+  type EngineKind,
+} from "./lib/engines.js";
 import { Bench, sweepStale } from "./lib/harness.js";
 import { Fleet } from "./lib/fleet.js";
 import { dockerdPid } from "./lib/proc.js";
-import { markdownTable, writeResults, type Row } from "./lib/report.js";
+import { compareRows, markdownTable, onEngine, writeResults, type Row } from "./lib/report.js";
 import { buildRolloutBinaries } from "./lib/supervised.js";
 
 /*
- * `npm run bench -- [--quick] [--only B1,B5] [--tasks N] [--shims N] [--strict]`,
- * `npx tsx bench/run.ts --sweep`
+ * `npm run bench -- [--quick] [--only B1,B5] [--engines docker,podman] [--tasks N] [--shims N] [--strict]`,
+ * `npx tsx bench/run.ts --sweep [--engines docker,podman]`
  *
  * Runs the benchmarks of BENCHMARKS.md against the built shim (dist/taskshim.cjs) and the local
- * Docker Engine, prints a markdown table on stdout (progress goes to stderr) and writes
+ * Docker Engine (B1 and B2 also on Podman with `--engines docker,podman`: rows B1-podman…),
+ * prints a markdown table on stdout (progress goes to stderr) and writes
  * bench/results/latest.json. Everything a run creates is named `bn-<nonce>-…` and removed at
  * the end, also on failure or Ctrl-C.
  */
@@ -39,8 +48,17 @@ const { values } = parseArgs({
     sweep: { type: "boolean", default: false },
     tasks: { type: "string" },
     shims: { type: "string" },
+    engines: { type: "string" },
   },
 });
+
+let engines: EngineKind[];
+try {
+  engines = parseEngines(values.engines);
+} catch (error) {
+  process.stderr.write(`--engines: ${error instanceof Error ? error.message : String(error)}\n`);
+  process.exit(2);
+}
 
 const selected = new Set(
   values.only
@@ -56,9 +74,23 @@ if (unknown.length > 0) {
   process.exit(2);
 }
 
-const bench = new Bench(values.quick);
+// Only B1 and B2 run on every engine of the run; the rest need Docker (their fleet, B8/B9's binaries).
+const dockerOnly = [...selected].filter((id) => !PER_ENGINE.has(id));
+if (!values.sweep && !engines.includes("docker") && dockerOnly.length > 0) {
+  process.stderr.write(
+    `${dockerOnly.join(", ")} run on Docker only: add docker to --engines, or --only ${[...PER_ENGINE].join(",")}\n`,
+  );
+  process.exit(2);
+}
+
+// Docker's Bench (the first engine's) is the run; the others are views of it (same nonce, notes, cleanup).
+const bench = new Bench(values.quick, engineTarget(engines[0]!));
+const benches = engines.map((kind) => (kind === bench.engine.kind ? bench : bench.on(engineTarget(kind))));
 if (values.sweep) {
-  process.stderr.write(`removed ${await sweepStale(bench.docker)} bn- containers of earlier runs\n`);
+  for (const each of benches) {
+    const removed = await sweepStale(each.docker);
+    process.stderr.write(`removed ${removed} bn- containers of earlier runs on ${each.engine.label}\n`);
+  }
   process.exit(0);
 }
 const fleetSize = values.tasks ? Number(values.tasks) : bench.quick ? 50 : 200;
@@ -83,8 +115,10 @@ for (const signal of ["SIGINT", "SIGTERM"] as const) {
 }
 process.once("exit", () => bench.killAllNow());
 
-/** Which source the shim under test was built from (git commit, and whether src/ had changes). */
+/** Which source the shim under test was built from (git commit, and whether src/ had changes), or which bundle. */
 function shimSource(): string {
+  const bundle = process.env.BENCH_SHIM_BUNDLE;
+  if (bundle) return `shim bundle ${bundle} (BENCH_SHIM_BUNDLE)`;
   try {
     const git = (args: string[]): string => execFileSync("git", args, { encoding: "utf8" }).trim();
     const head = git(["rev-parse", "--short", "HEAD"]);
@@ -95,20 +129,32 @@ function shimSource(): string {
   }
 }
 
+/** The engines measured and their versions, for the heading of the results. */
+let engineVersions = "";
+
 async function main(): Promise<Row[]> {
   const rows: Row[] = [];
-  await bench.setup();
+  for (const each of benches) {
+    await checkEngine(each.engine);
+    await each.setup();
+  }
+  const versions = await Promise.all(
+    benches.map(async (each) => `${each.engine.label} ${await engineVersion(each.engine)}`),
+  );
   bench.log(`run ${bench.nonce}: ${bench.quick ? "quick" : "full"}, ${[...selected].join(" ")}`);
-  const timed = async (id: string, fn: () => Promise<Row[]>): Promise<void> => {
+  engineVersions = versions.join(", ");
+  const timed = async (id: string, fn: () => Promise<Row[]>, on: Bench = bench): Promise<void> => {
     if (!selected.has(id)) return;
     const started = performance.now();
-    bench.log(`${id}…`);
-    rows.push(...(await fn()));
-    bench.log(`${id} done in ${Math.round((performance.now() - started) / 1000)} s`);
+    const label = on.engine.kind === "docker" ? id : `${id} on ${on.engine.label}`;
+    bench.log(`${label}…`);
+    rows.push(...onEngine(await fn(), on.engine));
+    bench.log(`${label} done in ${Math.round((performance.now() - started) / 1000)} s`);
   };
 
-  await timed("B1", () => runB1(bench));
-  await timed("B2", () => runB2(bench));
+  // B1 and B2 on each engine of the run, one engine after the other, each against its own baseline.
+  for (const each of benches) await timed("B1", () => runB1(each), each);
+  for (const each of benches) await timed("B2", () => runB2(each), each);
   await timed("B7", () => runB7(bench));
   await timed("B10", () => runB10(bench));
 
@@ -143,11 +189,13 @@ async function main(): Promise<Row[]> {
     await timed("B3", () => runB3(bench, fleet, fleetSize));
     if (binaries) await timed("B8", () => runB8(bench, fleet, fleetSize, binaries));
   }
-  return rows.sort((a, b) => a.id.localeCompare(b.id));
+  return rows.sort(compareRows);
 }
 
 const started = performance.now();
-const engineAtStart = await dockerdPid();
+// A dockerd restart stops Docker's containers; Podman's outlive its service (conmon holds them).
+const onDocker = engines.includes("docker");
+const engineAtStart = onDocker ? await dockerdPid() : undefined;
 const built = shimSource();
 let rows: Row[] = [];
 let failed: Error | undefined;
@@ -164,7 +212,7 @@ try {
     );
   });
 }
-const engineAtEnd = await dockerdPid();
+const engineAtEnd = onDocker ? await dockerdPid() : undefined;
 const restarted =
   engineAtStart !== engineAtEnd
     ? `dockerd was restarted during the run (pid ${engineAtStart} → ${engineAtEnd}): its containers were stopped`
@@ -181,7 +229,7 @@ await writeResults(RESULTS, rows);
 const passed = rows.filter((r) => r.pass).length;
 process.stdout.write(
   [
-    `## taskshim benchmarks (${bench.quick ? "quick: fewer tasks and trials" : "full"}; fleet of ${fleetSize} tasks)`,
+    `## taskshim benchmarks (${bench.quick ? "quick: fewer tasks and trials" : "full"}; fleet of ${fleetSize} tasks; ${engineVersions})`,
     "",
     `${built}; ${cpus().length} CPUs, load average at the end ${loadavg()
       .map((l) => l.toFixed(1))

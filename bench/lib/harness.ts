@@ -10,9 +10,10 @@ import { containerParamsOf, resolveShimConfig } from "../../src/config/shim-conf
 import { buildContainerSpec } from "../../src/docker/container-spec.js";
 import { formatPullReference, parseImageReference } from "../../src/tasks/image-ref.js";
 import { parseTaskConfig } from "../../src/tasks/task-config.js";
-import { hasStatusCode, testDocker } from "../../test/support/docker.js";
+import { hasStatusCode } from "../../test/support/docker.js";
 import { ensureTestImages, type TestImages } from "../../test/support/images.js";
 import { ShimProcess, tempHome } from "../../test/support/shim-process.js";
+import { engineTarget, type EngineTarget } from "./engines.js";
 
 /** Label on every container the benchmarks create directly (the baselines). */
 export const BENCH_LABEL = "taskshim.bench";
@@ -100,31 +101,73 @@ export interface ShimOptions {
 }
 
 /**
+ * What the views of one run share ({@link Bench.on}): its nonce, notes, the shims, processes and
+ * dirs to clean up, and the engines it touched (each swept for its own `bn-<nonce>-` containers).
+ */
+interface RunState {
+  readonly nonce: string;
+  readonly notes: string[];
+  readonly shims: Set<ShimProcess>;
+  readonly others: Set<ChildProcess>;
+  readonly dirs: Set<string>;
+  readonly engines: Set<EngineTarget>;
+  readonly images: Map<EngineTarget, TestImages>;
+  baselineSeq: number;
+}
+
+/**
  * One benchmark run: its nonce and name prefix, the test images, the shims it started and the
- * containers and dirs it made — all removed by {@link Bench.cleanup}, and only those.
+ * containers and dirs it made — all removed by {@link Bench.cleanup}, and only those. A Bench
+ * drives one engine ({@link Bench.engine}, Docker unless given); {@link Bench.on} gives a view of
+ * the same run on another engine, whose shims, baselines and notes belong to that engine.
  */
 export class Bench {
-  readonly nonce = randomBytes(3).toString("hex");
-  readonly prefix = `${NAME_PREFIX}${this.nonce}-`;
-  readonly docker: Docker = testDocker();
-  readonly notes: string[] = [];
-  private imagesCache: TestImages | undefined;
-  private readonly shims = new Set<ShimProcess>();
-  private readonly others = new Set<ChildProcess>();
-  private readonly dirs = new Set<string>();
-  private baselineSeq = 0;
+  readonly nonce: string;
+  readonly prefix: string;
+  readonly notes: string[];
+  private readonly run: RunState;
 
-  constructor(readonly quick: boolean) {}
+  constructor(
+    readonly quick: boolean,
+    readonly engine: EngineTarget = engineTarget("docker"),
+    run?: RunState,
+  ) {
+    this.run = run ?? {
+      nonce: randomBytes(3).toString("hex"),
+      notes: [],
+      shims: new Set(),
+      others: new Set(),
+      dirs: new Set(),
+      engines: new Set(),
+      images: new Map(),
+      baselineSeq: 0,
+    };
+    this.nonce = this.run.nonce;
+    this.prefix = `${NAME_PREFIX}${this.nonce}-`;
+    this.notes = this.run.notes;
+    this.run.engines.add(engine);
+  }
 
-  /** The local test images (built by `docker import` when missing; never pulled). */
+  /** The same run on another engine: same nonce, notes and cleanup; its own client, images and shims' engine. */
+  on(engine: EngineTarget): Bench {
+    return new Bench(this.quick, engine, this.run);
+  }
+
+  /** The bench's own client of this view's engine. */
+  get docker(): Docker {
+    return this.engine.docker;
+  }
+
+  /** The local test images on this view's engine (imported when missing; never pulled). */
   get images(): TestImages {
-    if (!this.imagesCache) throw new Error("Bench.setup() not called");
-    return this.imagesCache;
+    const images = this.run.images.get(this.engine);
+    if (!images) throw new Error(`Bench.setup() not called for ${this.engine.kind}`);
+    return images;
   }
 
   async setup(): Promise<void> {
     await this.docker.ping();
-    this.imagesCache = await ensureTestImages();
+    this.run.images.set(this.engine, await ensureTestImages(this.docker));
   }
 
   /** Progress on stderr, so stdout carries only the results. */
@@ -134,6 +177,8 @@ export class Bench {
 
   /** A detail line printed under the table (how a figure came about). */
   note(line: string): void {
+    // Docker's notes read as they always did; another engine's say which one they are about.
+    if (this.engine.kind !== "docker") line = `[${this.engine.kind}] ${line}`;
     this.notes.push(line);
     this.log(line);
   }
@@ -151,23 +196,28 @@ export class Bench {
   /** A temp dir removed by the cleanup. */
   async tempDir(prefix: string): Promise<string> {
     const dir = await mkdtemp(join(tmpdir(), prefix));
-    this.dirs.add(dir);
+    this.run.dirs.add(dir);
     return dir;
   }
 
   /** A dir made elsewhere (a shim home), removed by the cleanup. */
   trackDir(dir: string): Promise<void> {
-    this.dirs.add(dir);
+    this.run.dirs.add(dir);
     return Promise.resolve();
   }
 
-  /** Starts the built shim as a child process on a new temp home (unless given). */
+  /**
+   * Starts the built shim as a child process on a new temp home (unless given), driving this
+   * view's engine: `TASKSHIM_ENGINE_URL` (before `DOCKER_HOST` in the shim's choice) when the
+   * engine has a URL, else the shim finds Docker as it does by default.
+   */
   async startShim(options: ShimOptions = {}): Promise<ShimProcess> {
     const home = options.home ?? (await tempHome("taskshim-bench-"));
-    this.dirs.add(home);
+    this.run.dirs.add(home);
     const logLevel = process.env.BENCH_SHIM_LOG_LEVEL;
     const nodeOptions = process.env.BENCH_SHIM_NODE_OPTIONS;
     const env = {
+      ...(this.engine.url !== undefined ? { TASKSHIM_ENGINE_URL: this.engine.url } : {}),
       ...(logLevel ? { DSTACK_SHIM_LOG_LEVEL: logLevel } : {}),
       ...(nodeOptions ? { NODE_OPTIONS: nodeOptions } : {}),
       ...options.env,
@@ -180,7 +230,7 @@ export class Bench {
       env,
       waitReady: false,
     });
-    this.shims.add(shim);
+    this.run.shims.add(shim);
     if (options.waitReady !== false) await shim.waitReady();
     return shim;
   }
@@ -191,21 +241,21 @@ export class Bench {
    * group if it has not exited within 15 s; SIGKILL to the group on exit.
    */
   track(child: ChildProcess): void {
-    this.others.add(child);
-    child.once("exit", () => this.others.delete(child));
+    this.run.others.add(child);
+    child.once("exit", () => this.run.others.delete(child));
   }
 
   /** `kill -9` of a shim; its containers keep running. */
   async killShim(shim: ShimProcess): Promise<void> {
     await shim.kill();
-    this.shims.delete(shim);
+    this.run.shims.delete(shim);
     await this.keepLogs(shim);
   }
 
   /** Graceful stop (SIGTERM) of a shim; its containers keep running. */
   async stopShim(shim: ShimProcess): Promise<void> {
     await shim.stop().catch(() => shim.kill());
-    this.shims.delete(shim);
+    this.run.shims.delete(shim);
     await this.keepLogs(shim);
   }
 
@@ -258,7 +308,7 @@ export class Bench {
 
   /** A fresh baseline container name. */
   baselineName(kind: string): string {
-    return this.name(`${kind}-base`, ++this.baselineSeq);
+    return this.name(`${kind}-base`, ++this.run.baselineSeq);
   }
 
   /** Force-removes containers by id, `limit` at a time (gone already is fine). */
@@ -279,16 +329,36 @@ export class Bench {
   }
 
   /**
-   * Stops every shim still running, removes this run's containers and temp dirs. Each step is
+   * Removes this run's containers on this view's engine, retried (the engine may be
+   * restarting); the error of the last attempt, if all failed.
+   */
+  private async removeOwnContainers(): Promise<unknown> {
+    for (let attempt = 1; ; attempt++) {
+      try {
+        const own = await this.ownContainers();
+        if (own.length > 0) this.log(`cleanup: removing ${own.length} containers on ${this.engine.label}`);
+        await this.removeContainers(own.map((c) => c.Id));
+        return undefined;
+      } catch (error) {
+        if (attempt === 5) return error;
+        this.log(`cleanup (${this.engine.label}): ${String(error)}; retrying`);
+        await sleep(3_000);
+      }
+    }
+  }
+
+  /**
+   * Stops every shim still running, removes this run's containers (on every engine of the run)
+   * and temp dirs. Each step is
    * attempted even if an earlier one failed; container removal is retried (the engine may be
    * restarting). Throws the first error once everything was tried.
    */
   async cleanup(): Promise<void> {
     const errors: unknown[] = [];
-    for (const shim of [...this.shims])
+    for (const shim of [...this.run.shims])
       await this.stopShim(shim).catch((error: unknown) => errors.push(error));
     await Promise.all(
-      [...this.others].map(async (child) => {
+      [...this.run.others].map(async (child) => {
         const exited = new Promise<void>((done) => child.once("exit", () => done()));
         child.kill("SIGTERM");
         const timer = setTimeout(() => killGroup(child), 15_000);
@@ -296,31 +366,20 @@ export class Bench {
         clearTimeout(timer);
       }),
     );
-    for (let attempt = 1; ; attempt++) {
-      try {
-        const own = await this.ownContainers();
-        if (own.length > 0) this.log(`cleanup: removing ${own.length} containers`);
-        await this.removeContainers(own.map((c) => c.Id));
-        break;
-      } catch (error) {
-        if (attempt === 5) {
-          errors.push(error);
-          break;
-        }
-        this.log(`cleanup: ${String(error)}; retrying`);
-        await sleep(3_000);
-      }
+    for (const engine of [...this.run.engines]) {
+      const error = await (engine === this.engine ? this : this.on(engine)).removeOwnContainers();
+      if (error !== undefined) errors.push(error);
     }
-    for (const dir of this.dirs)
+    for (const dir of this.run.dirs)
       await rm(dir, { recursive: true, force: true }).catch((e: unknown) => errors.push(e));
-    this.dirs.clear();
+    this.run.dirs.clear();
     if (errors.length > 0) throw errors[0] instanceof Error ? errors[0] : new Error(String(errors[0]));
   }
 
   /** SIGKILLs every shim still running (process exit path; containers are swept by cleanup). */
   killAllNow(): void {
-    for (const shim of this.shims) shim.child.kill("SIGKILL");
-    for (const child of this.others) killGroup(child);
+    for (const shim of this.run.shims) shim.child.kill("SIGKILL");
+    for (const child of this.run.others) killGroup(child);
   }
 }
 

@@ -1,5 +1,6 @@
 import { mkdir, writeFile } from "node:fs/promises";
 import { dirname } from "node:path";
+import type { EngineKind, EngineTarget } from "./engines.js";
 
 /** One row of the results table and of `bench/results/latest.json`. */
 export interface Row {
@@ -13,6 +14,44 @@ export interface Row {
   readonly ratio: number | null;
   readonly target: string;
   readonly pass: boolean;
+  /** The engine the row was measured on; set by {@link onEngine} (a row without one is Docker's). */
+  readonly engine?: EngineKind;
+}
+
+/**
+ * A benchmark's rows as measured on `engine`. Docker's keep their ids and names (the history of
+ * BENCHMARKS.md compares them across runs); another engine's carry it in the id (`B1-podman`) and
+ * the name (`… (Podman)`), so the table and the JSON show the two side by side.
+ */
+export function onEngine(rows: readonly Row[], engine: EngineTarget): Row[] {
+  return rows.map((row) =>
+    engine.kind === "docker"
+      ? { ...row, engine: engine.kind }
+      : {
+          ...row,
+          id: `${row.id}-${engine.kind}`,
+          name: `${row.name} (${engine.label})`,
+          engine: engine.kind,
+        },
+  );
+}
+
+/**
+ * The table's order: by benchmark number (B2 before B10), then Docker's rows before another
+ * engine's of the same benchmark, each engine's rows in the order measured (a stable sort).
+ */
+export function compareRows(a: Row, b: Row): number {
+  const key = (row: Row): [number, string, number] => {
+    const match = /^B(\d+)(.*?)(?:-(docker|podman))?$/.exec(row.id);
+    return [
+      Number(match?.[1] ?? Infinity),
+      match?.[2] ?? row.id,
+      (row.engine ?? "docker") === "docker" ? 0 : 1,
+    ];
+  };
+  const [an, asuffix, aengine] = key(a);
+  const [bn, bsuffix, bengine] = key(b);
+  return an - bn || aengine - bengine || asuffix.localeCompare(bsuffix);
 }
 
 /** A row whose ratio is computed (rounded to 3 decimals) from the two figures. */
@@ -43,8 +82,9 @@ export function markdownTable(rows: readonly Row[]): string {
 /** Writes the rows as a JSON array (the contract of `bench/results/latest.json`). */
 export async function writeResults(path: string, rows: readonly Row[]): Promise<void> {
   await mkdir(dirname(path), { recursive: true });
-  const ordered = rows.map(({ id, name, unit, taskshim, baseline, ratio, target, pass }) => ({
+  const ordered = rows.map(({ id, name, unit, taskshim, baseline, ratio, target, pass, engine }) => ({
     id,
+    engine: engine ?? "docker",
     name,
     unit,
     taskshim,
