@@ -9,6 +9,7 @@
 // the docker project runs alone, with a warning.
 //
 // Usage (from `npm test`, after ensure-engine and the build): node scripts/test-engines.mjs
+// [vitest arguments…], e.g. `test/pull.test.ts` for one file on both engines.
 // No dependencies on purpose, like ensure-engine.mjs.
 
 import { spawn, spawnSync } from "node:child_process";
@@ -18,6 +19,7 @@ import { fileURLToPath } from "node:url";
 const root = join(dirname(fileURLToPath(import.meta.url)), "..");
 const vitest = join(root, "node_modules", "vitest", "vitest.mjs");
 const ci = process.env.CI === "true";
+const vitestArgs = process.argv.slice(2);
 
 const podman = spawnSync(
   process.execPath,
@@ -41,7 +43,7 @@ const seconds = () => ((Date.now() - started) / 1000).toFixed(0);
 /** @param {string} project @param {boolean} hold */
 function run(project, hold) {
   return new Promise((resolve) => {
-    const child = spawn(process.execPath, [vitest, "run", "--project", project], {
+    const child = spawn(process.execPath, [vitest, "run", "--project", project, ...vitestArgs], {
       cwd: root,
       stdio: hold ? ["ignore", "pipe", "pipe"] : "inherit",
     });
