@@ -125,7 +125,8 @@ describe("taskshim status", () => {
     expect(result.stdout).toMatch(
       new RegExp(`^version: +${pkg.version.replaceAll(".", "\\.")} \\(taskshim\\)$`, "m"),
     );
-    expect(result.stdout).toMatch(/^engine: +up since \d{4}-\d\d-\d\dT/m);
+    expect(result.stdout).toMatch(/^phase: +serving since \d{4}-\d\d-\d\dT/m);
+    expect(result.stdout).toMatch(/^engine: +docker [\w.+~-]+, up since \d{4}-\d\d-\d\dT/m);
     expect(result.stdout).toMatch(/^gpus: +none$/m);
     expect(result.stdout).toMatch(/^components: +dstack-runner \S+, dstack-shim installed \(/m);
     expect(result.stdout).toMatch(/^tasks: +\d+/m);
