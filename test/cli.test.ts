@@ -617,6 +617,10 @@ describe("taskshim tasks submit: pull progress from a registry", () => {
     });
   }
 
+  /** `taskshim tasks submit --shim <shim> …args` under a pseudo-terminal. */
+  const submitUnderTerminal = (args: readonly string[]): Promise<CliResult> =>
+    underTerminal([process.execPath, SHIM_BUNDLE, "tasks", "submit", "--shim", shim.url, ...args]);
+
   /** The bar redraws of a terminal transcript: the text between clears that holds a percentage. */
   const barFrames = (transcript: string): string[] =>
     transcript
@@ -626,16 +630,7 @@ describe("taskshim tasks submit: pull progress from a registry", () => {
   it.skipIf(!hasScript)("draws a progress bar on a terminal", async () => {
     const { id, name } = newTask("tty");
     const image = await pushedImage("cli/tty");
-    const argv = [
-      process.execPath,
-      SHIM_BUNDLE,
-      "tasks",
-      "submit",
-      "--shim",
-      shim.url,
-      ...privateSleepTask(id, name, image),
-    ];
-    const result = await underTerminal(argv);
+    const result = await submitUnderTerminal(privateSleepTask(id, name, image));
     expect(result.code, result.stdout).toBe(0);
     expect(result.stdout).toContain("\r\x1b[K");
     expect(result.stdout).toMatch(/\[[#-]+\] +\d+% (pulling|extracting) /);
@@ -653,15 +648,9 @@ describe("taskshim tasks submit: pull progress from a registry", () => {
     // The layer arrives slowly (the bar is drawn) and corrupted: the pull fails its digest check.
     const proxy = await startSlowProxy(registry.host, 256 * 1024, { corruptBlobsOver: 64 * 1024 });
     try {
-      const result = await underTerminal([
-        process.execPath,
-        SHIM_BUNDLE,
-        "tasks",
-        "submit",
-        "--shim",
-        shim.url,
-        ...privateSleepTask(id, name, image.replace(registry.host, proxy.host)),
-      ]);
+      const result = await submitUnderTerminal(
+        privateSleepTask(id, name, image.replace(registry.host, proxy.host)),
+      );
       expect(result.code, result.stdout).toBe(1);
       expect(result.stdout).toMatch(/terminated: creating_container_error/);
       // The bar drawn while the pull ran is cleared (\r ESC[K) before the next line is written:

@@ -42,8 +42,9 @@ export async function startSlowProxy(
         void (async () => {
           const slice = Math.max(1024, Math.floor(bytesPerSecond / 10));
           for await (const received of answer as AsyncIterable<Buffer>) {
-            const chunk = corrupt && received.length > 0 ? Buffer.from(received) : received;
-            if (corrupt && chunk.length > 0) {
+            let chunk = received;
+            if (corrupt && received.length > 0) {
+              chunk = Buffer.from(received);
               chunk[0] = (chunk[0] ?? 0) ^ 0xff;
               corrupt = false;
             }
