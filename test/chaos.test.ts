@@ -79,12 +79,19 @@ async function inspect(id: string) {
   return testDocker().getContainer(id).inspect();
 }
 
+/** The shim's log lines about a task: a failed assertion on its outcome shows how it came about. */
+function taskLog(s: Scenario, taskId: string): string {
+  return s.api.logs
+    .split("\n")
+    .filter((line) => line.includes(taskId))
+    .join("\n");
+}
+
 /** How many times the shim logged a terminal transition of a task (must be exactly one). */
 function terminalTransitions(s: Scenario, taskId: string): number {
   const terminal = new Set(["task finished", "task terminated", "task failed to start"]);
   let count = 0;
-  for (const line of s.api.logs.split("\n")) {
-    if (!line.includes(taskId)) continue;
+  for (const line of taskLog(s, taskId).split("\n")) {
     try {
       const entry = JSON.parse(line) as { taskId?: string; msg?: string };
       if (entry.taskId === taskId && terminal.has(entry.msg ?? "")) count += 1;
@@ -878,8 +885,8 @@ describe("chaos: concurrency races (R1, R2, R3, R6, R7)", () => {
       expect(["terminated_by_user", natural]).toContain(done.termination_reason);
       await s.waitReleased(t.id);
       const exitCode = (await s.readState(t.id))?.exit_code;
-      if (done.termination_reason === natural) expect(exitCode).toBe(code);
-      else expect([code, 137]).toContain(exitCode);
+      if (done.termination_reason === natural) expect(exitCode, taskLog(s, t.id)).toBe(code);
+      else expect([code, 137], taskLog(s, t.id)).toContain(exitCode);
       outcomes.push(`${done.termination_reason}/${exitCode}`);
       expect(terminalTransitions(s, t.id)).toBe(1);
     }

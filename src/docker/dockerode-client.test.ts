@@ -193,7 +193,13 @@ describe("containerEvents", () => {
 });
 
 /** An engine on a local port that answers /version and records create bodies. */
-async function fakeEngine(version: object) {
+/** An answer of the fake engine to one request: its status and JSON body. */
+type FakeAnswer = { readonly status: number; readonly body?: unknown };
+
+async function fakeEngine(
+  version: object,
+  answer?: (method: string, path: string) => FakeAnswer | undefined,
+) {
   const requests: { method: string; path: string; body: Record<string, unknown> }[] = [];
   const server = createServer((req, res) => {
     let raw = "";
@@ -205,6 +211,12 @@ async function fakeEngine(version: object) {
         path,
         body: raw ? (JSON.parse(raw) as Record<string, unknown>) : {},
       });
+      const given = answer?.(req.method ?? "", path);
+      if (given !== undefined) {
+        res.writeHead(given.status, { "content-type": "application/json" });
+        res.end(given.body === undefined ? "" : JSON.stringify(given.body));
+        return;
+      }
       res.writeHead(path.endsWith("/create") ? 201 : 200, { "content-type": "application/json" });
       res.end(JSON.stringify(path === "/version" ? version : { Id: "c0ffee", Warnings: [] }));
     });
@@ -302,6 +314,56 @@ describe("createContainer on each engine", () => {
       await engine.client.createContainer(spec);
       expect(engine.requests.map((r) => r.path)).toEqual(["/containers/create"]);
       expect(engine.requests[0]?.body).toEqual({ ...spec.body, name: "t1" });
+    } finally {
+      await engine.close();
+    }
+  });
+});
+
+/** An inspect answer with just what `inspectContainer` reads. */
+const inspected = (status: string, exitCode: number) => ({
+  Id: "c0ffee",
+  Name: "/t1",
+  Config: { Labels: {} },
+  State: { Status: status, ExitCode: exitCode, OOMKilled: false, Error: "", StartedAt: "", FinishedAt: "" },
+  RestartCount: 0,
+  NetworkSettings: { Ports: {} },
+  HostConfig: {},
+});
+
+describe("stopContainer on each engine", () => {
+  it("on Podman, answers once the container is no longer `stopping`, whose exit code is not yet read", async () => {
+    let inspects = 0;
+    const engine = await fakeEngine(PODMAN_4_3_1_VERSION, (method, path) => {
+      if (path === "/containers/c0ffee/stop") return { status: 304 };
+      if (path !== "/containers/c0ffee/json") return undefined;
+      inspects += 1;
+      return { status: 200, body: inspects < 3 ? inspected("stopping", 0) : inspected("stopped", 137) };
+    });
+    try {
+      await engine.client.detectEngine();
+      await engine.client.stopContainer("c0ffee", 0);
+      expect(inspects).toBe(3);
+      expect(await engine.client.inspectContainer("c0ffee")).toMatchObject({
+        state: "exited",
+        exitCode: 137,
+      });
+    } finally {
+      await engine.close();
+    }
+  });
+
+  it("on Docker, answers with the stop alone (Docker answers once the container has stopped)", async () => {
+    const engine = await fakeEngine(DOCKER_20_10_VERSION, (_method, path) =>
+      path === "/containers/c0ffee/stop" ? { status: 204 } : undefined,
+    );
+    try {
+      await engine.client.detectEngine();
+      await engine.client.stopContainer("c0ffee", 0);
+      expect(engine.requests.map((r) => `${r.method} ${r.path}`)).toEqual([
+        "GET /version",
+        "POST /containers/c0ffee/stop",
+      ]);
     } finally {
       await engine.close();
     }

@@ -1,4 +1,5 @@
 import { createInterface } from "node:readline";
+import { setTimeout as sleep } from "node:timers/promises";
 import type { Readable } from "node:stream";
 import Docker from "dockerode";
 import { withDeadline } from "../exec/deadline-signal.js";
@@ -11,7 +12,6 @@ import {
   type ContainerCreateSpec,
   type ContainerDetails,
   type ContainerEvent,
-  type ContainerState,
   type DockerClient,
   type PullAuth,
   type RemovalConfirmed,
@@ -24,7 +24,7 @@ import {
   type EngineVersionSource,
 } from "./engine-info.js";
 import { hostConfigForEngine } from "./gpu-devices.js";
-import { completePodmanPull } from "./podman-compat.js";
+import { completePodmanPull, containerStateOf } from "./podman-compat.js";
 import type { PortMapping } from "../tasks/task-parts.js";
 import {
   confirmRemoval,
@@ -53,11 +53,16 @@ export const DOCKER_DEADLINES = {
   start: 60_000,
   /** Added to the stop timeout the caller gives the container. */
   stopExtra: 15_000,
+  /** Podman only: how long a stop waits for its `stopping` status to end (its exit-file wait is 5 s). */
+  stopSettle: 6_000,
   /** The whole confirmed removal, polling included (`REMOVAL_TIMEOUT_MS`). */
   remove: REMOVAL_TIMEOUT_MS,
   logs: 10_000,
   image: 10_000,
 } as const;
+
+/** How often {@link DockerodeClient} looks again at a Podman container still `stopping`. */
+const STOP_SETTLE_POLL_MS = 50;
 
 const TASK_FILTER = { label: [`${LABEL_IS_TASK}=true`] };
 
@@ -158,7 +163,7 @@ export class DockerodeClient implements DockerClient, EngineVersionSource {
       name: (c.Names[0] ?? "").replace(/^\//, ""),
       taskId: c.Labels[LABEL_TASK_ID] ?? "",
       owner: c.Labels[LABEL_OWNER] ?? "",
-      state: c.State as ContainerState,
+      state: containerStateOf(c.State),
       ports: listedPorts(c.Ports),
     }));
   }
@@ -173,7 +178,7 @@ export class DockerodeClient implements DockerClient, EngineVersionSource {
         name: info.Name.replace(/^\//, ""),
         taskId: info.Config.Labels?.[LABEL_TASK_ID] ?? "",
         owner: info.Config.Labels?.[LABEL_OWNER] ?? "",
-        state: info.State.Status as ContainerState,
+        state: containerStateOf(info.State.Status),
         exitCode: info.State.ExitCode,
         oomKilled: info.State.OOMKilled,
         error: info.State.Error,
@@ -248,8 +253,28 @@ export class DockerodeClient implements DockerClient, EngineVersionSource {
     } catch (error) {
       const status = (error as { statusCode?: number }).statusCode;
       // 304: not running; 404: gone. Both mean "stopped".
-      if (status === 304 || error instanceof DockerNotFoundError) return;
-      throw error;
+      if (error instanceof DockerNotFoundError) return;
+      if (status !== 304) throw error;
+    }
+    if (this.engine?.kind === "podman") await this.settlePodmanStop(id, signal);
+  }
+
+  /**
+   * Waits out Podman's `stopping` status after a stop answered: a stop that finds another stop
+   * (or the container's own exit) under way answers before the exit code is read, and an inspect
+   * meanwhile reports `stopping` with exit code 0 (`containerStateOf`). Docker answers a stop
+   * only once the container has stopped, so this is Podman's alone. Bounded by
+   * {@link DOCKER_DEADLINES}.stopSettle; past it the caller sees the container as still running,
+   * and the reconciler reads the exit later.
+   */
+  private async settlePodmanStop(id: string, signal?: AbortSignal): Promise<void> {
+    const until = Date.now() + DOCKER_DEADLINES.stopSettle;
+    while (Date.now() < until && !signal?.aborted) {
+      const info = await this.call("inspect", DOCKER_DEADLINES.inspect, signal, (abortSignal) =>
+        this.docker.getContainer(id).inspect({ abortSignal }),
+      ).catch(() => undefined);
+      if (info?.State.Status !== "stopping") return;
+      await sleep(STOP_SETTLE_POLL_MS, undefined, { signal }).catch(() => undefined);
     }
   }
 

@@ -1,6 +1,6 @@
 import { PassThrough, Readable } from "node:stream";
 import { describe, expect, it } from "vitest";
-import { completePodmanPull, podmanPullFinalLine } from "./podman-compat.js";
+import { completePodmanPull, containerStateOf, podmanPullFinalLine } from "./podman-compat.js";
 import { consumePullStream } from "./pull-progress.js";
 
 const REF = "127.0.0.1:5000/cx/a6:v1";
@@ -72,5 +72,21 @@ describe("completePodmanPull", () => {
     stream.destroy();
     await new Promise((resolve) => source.once("close", resolve));
     expect(source.destroyed).toBe(true);
+  });
+});
+
+describe("containerStateOf", () => {
+  it("keeps Docker's statuses and reads Podman's as Docker's", () => {
+    for (const status of ["created", "running", "paused", "restarting", "removing", "exited", "dead"]) {
+      expect(containerStateOf(status)).toBe(status);
+    }
+    expect(containerStateOf("stopped")).toBe("exited");
+    expect(containerStateOf("configured")).toBe("created");
+    expect(containerStateOf("initialized")).toBe("created");
+  });
+
+  it("never reads a stop under way, or a status it does not know, as an ended container", () => {
+    expect(containerStateOf("stopping")).toBe("running");
+    expect(containerStateOf("hibernating")).toBe("running");
   });
 });

@@ -6,6 +6,7 @@
  */
 import { Transform, type Readable, pipeline } from "node:stream";
 import { StringDecoder } from "node:string_decoder";
+import type { ContainerState } from "./docker-client.js";
 
 /**
  * The `Status: …` line a Docker pull ends with, written for a Podman pull that ended cleanly
@@ -70,4 +71,35 @@ export function completePodmanPull(
   });
   // pipeline: a consumer that destroys the returned stream (an abort) destroys the engine's too.
   return pipeline(source, completed, () => undefined);
+}
+
+/**
+ * An engine's container status as one of Docker's ({@link ContainerState}).
+ *
+ * Why: Podman's compatible API reports two statuses Docker has not. `stopped` (the process is
+ * gone and its exit code read from conmon's exit file, the cleanup not yet done) is Docker's
+ * `exited`. `stopping` (a stop is under way) reports the exit code of before the stop, 0: read
+ * as finished it recorded a workload killed with 137 or exiting with 3 as exit 0. It still runs
+ * as far as the outcome is concerned. Podman's `configured` and `initialized` are created
+ * containers that never ran. Any other status unknown to the shim is read as running: an
+ * outcome is only ever taken from a status known to be final.
+ */
+export function containerStateOf(status: string): ContainerState {
+  switch (status) {
+    case "created":
+    case "running":
+    case "paused":
+    case "restarting":
+    case "removing":
+    case "exited":
+    case "dead":
+      return status;
+    case "stopped":
+      return "exited";
+    case "configured":
+    case "initialized":
+      return "created";
+    default:
+      return "running";
+  }
 }

@@ -113,7 +113,13 @@ export class TaskTermination {
         if (finishedAt !== undefined) d.finishedAt = finishedAt;
       });
       log.info(
-        { taskId: id, reason: done.terminationReason, from: before.status, exitCode: done.exitCode },
+        {
+          taskId: id,
+          reason: done.terminationReason,
+          from: before.status,
+          exitCode: done.exitCode,
+          containerState: details?.state,
+        },
         "task terminated",
       );
       this.ctx.observer?.taskFinalized(done.terminationReason);
