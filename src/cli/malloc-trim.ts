@@ -1,0 +1,64 @@
+/**
+ * glibc's `malloc_trim(0)`, called through Node's `node:ffi`: it gives the C heap's free pages
+ * back to the system. Why the shim needs it: V8's compiler zones, HTTP parsers and the
+ * start-up's schema compilation allocate with malloc on several threads, and glibc keeps what
+ * they free in its per-thread arenas for reuse. On an idle shim that is 6 MB of its 80 MB
+ * resident set that no later request needs (BENCHMARKS.md, B6). No library does this (a
+ * native addon would need a compiler on the host or a prebuilt binary per platform); `node:ffi`
+ * ships with the Node.js the project pins.
+ */
+
+/** The part of `node:ffi` this module uses (Node 26; the module is experimental). */
+interface FfiModule {
+  readonly types: { readonly UINT_64: unknown; readonly INT_32: unknown };
+  dlopen(
+    path: string,
+    symbols: Record<string, { arguments: unknown[]; return: unknown }>,
+  ): { functions: Record<string, (...args: unknown[]) => unknown> };
+}
+
+/** Loads `node:ffi`; undefined where this Node.js has none or it is not allowed (`--permission`). */
+export type FfiLoader = () => FfiModule | undefined;
+
+/**
+ * `node:ffi` without its one-time ExperimentalWarning on stderr: that line would tell an
+ * operator nothing they can act on. Only that warning is held back, only while the module loads.
+ */
+const loadFfi: FfiLoader = () => {
+  const own = Object.getOwnPropertyDescriptor(process, "emitWarning");
+  const emitWarning = process.emitWarning.bind(process) as (...args: unknown[]) => void;
+  Object.defineProperty(process, "emitWarning", {
+    configurable: true,
+    writable: true,
+    value: (warning: unknown, ...rest: unknown[]): void => {
+      if (!String(warning).startsWith("FFI is an experimental feature")) emitWarning(warning, ...rest);
+    },
+  });
+  try {
+    return process.getBuiltinModule("node:ffi") as FfiModule | undefined;
+  } catch {
+    return undefined;
+  } finally {
+    if (own !== undefined) Object.defineProperty(process, "emitWarning", own);
+  }
+};
+
+/**
+ * `malloc_trim(0)` of the C library the process runs on, or undefined where there is none to
+ * call: not Linux, a C library other than glibc (musl has no `libc.so.6`), or no `node:ffi`.
+ */
+export function loadMallocTrim(load: FfiLoader = loadFfi): (() => void) | undefined {
+  if (process.platform !== "linux") return undefined;
+  try {
+    const ffi = load();
+    if (ffi === undefined) return undefined;
+    const libc = ffi.dlopen("libc.so.6", {
+      malloc_trim: { arguments: [ffi.types.UINT_64], return: ffi.types.INT_32 },
+    });
+    const trim = libc.functions.malloc_trim;
+    if (trim === undefined) return undefined;
+    return () => void trim(0n);
+  } catch {
+    return undefined;
+  }
+}
