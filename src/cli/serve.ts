@@ -32,6 +32,7 @@ import { VERSION } from "../version.js";
 import { shimHandoff } from "./connection-handoff.js";
 import { createLogger } from "./shim-logger.js";
 import { startHeapTrim } from "./heap-trim.js";
+import { loadMallocTrim } from "./malloc-trim.js";
 import { inspectInheritedSocket, listenTarget, SocketActivationError } from "./listen-target.js";
 import { SHUTDOWN_TIMINGS, ShutdownDeadline } from "./shutdown-deadline.js";
 import { errorMessage } from "../errors/error-message.js";
@@ -326,6 +327,7 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
       bound !== null && typeof bound === "object"
         ? `http://${bound.address}:${bound.port}`
         : `http://${config.httpAddress}:${config.httpPort}`;
+    const releaseMalloc = loadMallocTrim();
     log.info(
       {
         address,
@@ -339,6 +341,7 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
         tasks: report.restored,
         gpus: inventory.gpus.length,
         homeId,
+        mallocTrim: releaseMalloc !== undefined,
       },
       "taskshim serving",
     );
@@ -348,7 +351,7 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
     const events = config.testing.noEvents ? Promise.resolve() : reconciler.followEvents();
     const probing = storage.run(shutdownController.signal);
     recovery.resumeStarts();
-    const stopHeapTrim = startHeapTrim();
+    const stopHeapTrim = startHeapTrim({ releaseMalloc });
 
     let deadline: ShutdownDeadline | undefined;
     function shutdown(force: boolean): void {
