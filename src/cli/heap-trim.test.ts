@@ -15,7 +15,6 @@ describe("startHeapTrim", () => {
       slackBytes: 4 * MB,
       gc,
       heap: () => ({ total_heap_size: 19 * MB, used_heap_size: used }),
-      releaseMalloc: undefined,
     });
     vi.advanceTimersByTime(1_000);
     expect(gc).not.toHaveBeenCalled(); // 4 MB of garbage: not more than the slack
@@ -32,7 +31,7 @@ describe("startHeapTrim", () => {
   it("does nothing without a gc (Node run without --expose-gc) nor a malloc trim, and keeps no timer", () => {
     vi.useFakeTimers();
     const heap = vi.fn(() => ({ total_heap_size: 100 * MB, used_heap_size: 1 * MB }));
-    const stop = startHeapTrim({ intervalMs: 1_000, gc: undefined, heap, releaseMalloc: undefined });
+    const stop = startHeapTrim({ intervalMs: 1_000, gc: undefined, heap });
     expect(vi.getTimerCount()).toBe(0);
     vi.advanceTimersByTime(5_000);
     expect(heap).not.toHaveBeenCalled();
@@ -42,7 +41,7 @@ describe("startHeapTrim", () => {
   it("never keeps the process alive", () => {
     const timeouts = (): number => process.getActiveResourcesInfo().filter((r) => r === "Timeout").length;
     const before = timeouts();
-    const stop = startHeapTrim({ intervalMs: 60_000, gc: () => undefined, releaseMalloc: () => undefined });
+    const stop = startHeapTrim({ intervalMs: 60_000, gc: () => undefined });
     try {
       expect(timeouts()).toBe(before);
     } finally {

@@ -1,7 +1,6 @@
 import { getHeapStatistics } from "node:v8";
-import { loadMallocTrim } from "./malloc-trim.js";
 
-/** What {@link startHeapTrim} reads and calls; the defaults are V8's, glibc's and the process's own. */
+/** What {@link startHeapTrim} reads and calls; the defaults are V8's and the process's own. */
 export interface HeapTrimOptions {
   /** How often the heap is looked at. */
   readonly intervalMs?: number;
@@ -11,7 +10,7 @@ export interface HeapTrimOptions {
   readonly gc?: (() => void) | undefined;
   /** V8's heap figures. */
   readonly heap?: () => { total_heap_size: number; used_heap_size: number };
-  /** Gives the C heap's free pages back (`malloc-trim.ts`); absent where there is none. */
+  /** Gives the C heap's free pages back (`loadMallocTrim`, given by `serve`); none by default. */
   readonly releaseMalloc?: (() => void) | undefined;
   /** The process's resident set, bytes. */
   readonly rss?: () => number;
@@ -39,7 +38,7 @@ const RSS_GROWTH_BYTES = 2 * 1024 * 1024;
  */
 export function startHeapTrim(options: HeapTrimOptions = {}): () => void {
   const gc = "gc" in options ? options.gc : (globalThis as { gc?: () => void }).gc;
-  const releaseMalloc = "releaseMalloc" in options ? options.releaseMalloc : loadMallocTrim();
+  const releaseMalloc = options.releaseMalloc;
   if (gc === undefined && releaseMalloc === undefined) return () => undefined;
   const heap = options.heap ?? getHeapStatistics;
   const rss = options.rss ?? ((): number => process.memoryUsage.rss());
