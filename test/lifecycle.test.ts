@@ -1,7 +1,7 @@
 import { existsSync } from "node:fs";
 import { readFile, stat } from "node:fs/promises";
 import { join } from "node:path";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
 import { testDocker } from "./support/docker.js";
 import { ensureTestImages, type TestImages } from "./support/images.js";
 import { ShimProcess } from "./support/shim-process.js";
@@ -233,7 +233,13 @@ describe("task lifecycle on a real engine", () => {
     await shim.submit(cfg);
     const done = await shim.waitTerminated(cfg.id);
     const taskDir = join(shim.home, "runners", done.container_name);
-    const state = JSON.parse(await readFile(join(taskDir, "task.json"), "utf8")) as Record<string, unknown>;
+    // An exit's terminal status is shown before it is durable (docs/architecture.md): the write
+    // follows within milliseconds, so the file is read once it holds one.
+    const state = await vi.waitFor(async () => {
+      const read = JSON.parse(await readFile(join(taskDir, "task.json"), "utf8")) as Record<string, unknown>;
+      expect(read.termination_reason).not.toBe("");
+      return read;
+    });
     expect(state).toMatchObject({
       version: 1,
       id: cfg.id,
