@@ -325,11 +325,14 @@ export class Reconciler {
       });
       this.wake = undefined;
     }
-    await this.fastPathsSettled();
+    await this.settled();
   }
 
-  /** Both loops return only once the fast paths they may have started are done. */
-  private async fastPathsSettled(): Promise<void> {
+  /**
+   * Resolves once the fast paths started so far (by `kick`) are done. Both loops end with it,
+   * so that no finalize or release is still writing when they return.
+   */
+  async settled(): Promise<void> {
     await Promise.allSettled([...this.fastPath]);
   }
 
@@ -358,6 +361,6 @@ export class Reconciler {
       this.kick();
       await sleep(EVENTS_RECONNECT_MS, undefined, { signal: shutdown }).catch(() => undefined);
     }
-    await this.fastPathsSettled();
+    await this.settled();
   }
 }

@@ -190,6 +190,8 @@ export async function makeContext(overrides: ContextOverrides = {}): Promise<Tes
       shutdownController.abort(new Error("test finished"));
       runner.cancelPulls();
       await runner.awaitStarts();
+      // A kicked finalize may still be committing task.json when a test's last assertion passes.
+      await reconciler.settled();
       if (ownsHome) await rm(home, { recursive: true, force: true });
     },
   };
