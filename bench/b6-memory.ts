@@ -76,27 +76,30 @@ export async function runB6Loaded(
 }
 
 /**
- * B6 leak row: `cycles` tasks that exit at once (`true`), each submitted, waited for until
- * terminated and removed, CYCLE_CONCURRENCY at a time, on the idle shim; then its RSS against
- * the idle RSS measured before, plus LEAK_MARGIN_MB.
+ * B6's cycle rows, on a shim of their own (stopped at the end, so that the fleet's rows measure
+ * what running tasks cost, not what the cycles left behind): `first` tasks that exit at once
+ * (`true`), each submitted, waited for until terminated and removed, CYCLE_CONCURRENCY at a time,
+ * against this shim's idle RSS plus LEAK_MARGIN_MB; then the slope row over `more` cycles.
  */
-export async function runB6Leak(
-  bench: Bench,
-  shim: ShimProcess,
-  idleRss: number,
-  cycles: number,
-): Promise<Row> {
-  const seconds = await runCycles(bench, shim, 0, cycles);
-  const rss = round(await sampleRss(shim));
-  bench.note(
-    `B6 after ${cycles} submit → exit → remove cycles (${CYCLE_CONCURRENCY} at a time, ${seconds} s): RSS ${rss} MB ` +
-      `against ${idleRss} MB idle; ${await heapBreakdown(shim)}`,
-  );
-  return rssRow(
-    `memory: shim RSS after ${cycles} submit → exit → remove cycles (${CYCLE_CONCURRENCY} at a time), target idle + ${LEAK_MARGIN_MB} MB`,
-    rss,
-    round(idleRss + LEAK_MARGIN_MB),
-  );
+export async function runB6Cycles(bench: Bench, first: number, more: number): Promise<Row[]> {
+  const shim = await bench.startShim();
+  try {
+    const idleRss = round(await sampleRss(shim));
+    const seconds = await runCycles(bench, shim, 0, first);
+    const rss = round(await sampleRss(shim));
+    bench.note(
+      `B6 after ${first} submit → exit → remove cycles (${CYCLE_CONCURRENCY} at a time, ${seconds} s), on a shim of ` +
+        `their own: RSS ${rss} MB against ${idleRss} MB idle; ${await heapBreakdown(shim)}`,
+    );
+    const leak = rssRow(
+      `memory: shim RSS after ${first} submit → exit → remove cycles (${CYCLE_CONCURRENCY} at a time), target idle + ${LEAK_MARGIN_MB} MB`,
+      rss,
+      round(idleRss + LEAK_MARGIN_MB),
+    );
+    return [leak, await runB6Slope(bench, shim, first, rss, more)];
+  } finally {
+    await shim.stop();
+  }
 }
 
 /** `count` submit → exit → remove cycles, CYCLE_CONCURRENCY at a time; the seconds they took. */
@@ -120,7 +123,7 @@ async function runCycles(bench: Bench, shim: ShimProcess, first: number, count: 
  * B6-slope: after the leak row's `done` cycles (RSS `afterDone`), `more` cycles again; the RSS
  * they add, against SLOPE_TARGET_MB. Full runs only: 9,000 cycles take minutes.
  */
-export async function runB6Slope(
+async function runB6Slope(
   bench: Bench,
   shim: ShimProcess,
   done: number,
