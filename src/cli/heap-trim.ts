@@ -10,7 +10,7 @@ export interface HeapTrimOptions {
   readonly gc?: (() => void) | undefined;
   /** V8's heap figures. */
   readonly heap?: () => { total_heap_size: number; used_heap_size: number };
-  /** Gives the C heap's free pages back (`loadMallocTrim`, given by `serve`); none by default. */
+  /** Gives the C heap's free pages back (`loadGlibcMalloc`, given by `serve`); none by default. */
   readonly releaseMalloc?: (() => void) | undefined;
   /** The process's resident set, bytes. */
   readonly rss?: () => number;

@@ -5,6 +5,7 @@ import { ConfigError, resolveShimConfig, SERVE_SETTINGS, type ServeFlags } from 
 import { VERSION } from "../version.js";
 import { addClientCommands } from "./client-commands.js";
 import { addFenceCommand } from "./fence.js";
+import { loadGlibcMalloc } from "./glibc-malloc.js";
 import { holdApiSocket } from "./held-socket.js";
 import { durationFlag } from "./durations.js";
 import { EXIT_CONFIG, supervise } from "./supervise.js";
@@ -17,12 +18,24 @@ function ownBinaryPath(): string {
   return script && /taskshim(\.cjs)?$/.test(script) ? script : process.execPath;
 }
 
+/**
+ * The C heap's arenas a serving shim may use. glibc gives each thread that allocates at the same
+ * moment as another an arena of its own (up to 8 per core), and each keeps its own free space and
+ * fragments on its own: with the default, 500 submit → exit → remove cycles left 8.4 MB more
+ * anonymous memory, against 2.6 MB with 2 arenas (BENCHMARKS.md, B6). The shim's work is on one
+ * thread; the rest (libuv's file-system pool, V8's compiler and collector) is short and rare.
+ */
+const MALLOC_ARENAS = 2;
+
 async function serve(flags: ServeFlags): Promise<void> {
+  // First: the arena limit only holds for threads that have not allocated yet.
+  const malloc = loadGlibcMalloc();
+  malloc?.limitArenas(MALLOC_ARENAS);
   const config = resolveShimConfig(flags, process.env, { shimBinaryPath: ownBinaryPath() });
   // Loaded on demand: the server's dependencies (fastify, dockerode, pino, prom-client) would
   // otherwise slow every client command down.
   const { startShim } = await import("./serve.js");
-  const shim = await startShim(config);
+  const shim = await startShim(config, malloc);
   // The same bounded shutdown as POST /api/shutdown; a second signal skips the grace.
   const onSignal = (): void => shim.shutdown(false);
   process.on("SIGINT", onSignal);

@@ -32,7 +32,7 @@ import { VERSION } from "../version.js";
 import { shimHandoff } from "./connection-handoff.js";
 import { createLogger } from "./shim-logger.js";
 import { startHeapTrim } from "./heap-trim.js";
-import { loadMallocTrim } from "./malloc-trim.js";
+import type { GlibcMalloc } from "./glibc-malloc.js";
 import { inspectInheritedSocket, listenTarget, SocketActivationError } from "./listen-target.js";
 import { SHUTDOWN_TIMINGS, ShutdownDeadline } from "./shutdown-deadline.js";
 import { errorMessage } from "../errors/error-message.js";
@@ -122,8 +122,9 @@ export interface RunningShim {
  * Starts the shim: lock the home, reach Docker, restore tasks, reconcile once, then serve.
  * Background jobs (reconcile loop, event stream, starts, installs) belong to the shim and are
  * cancelled and awaited on shutdown; containers are never touched by a shutdown.
+ * `malloc`: the C heap's controls, where this host has them (`loadGlibcMalloc`), for the idle trim.
  */
-export async function startShim(config: ShimConfig): Promise<RunningShim> {
+export async function startShim(config: ShimConfig, malloc?: GlibcMalloc): Promise<RunningShim> {
   await mkdir(config.home, { recursive: true, mode: 0o755 });
   const authToken = await readAuthToken(config.authTokenFile);
   // Every cheap precondition before the home lock, the engine and the restore. A socket systemd
@@ -327,7 +328,6 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
       bound !== null && typeof bound === "object"
         ? `http://${bound.address}:${bound.port}`
         : `http://${config.httpAddress}:${config.httpPort}`;
-    const releaseMalloc = loadMallocTrim();
     log.info(
       {
         address,
@@ -341,7 +341,7 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
         tasks: report.restored,
         gpus: inventory.gpus.length,
         homeId,
-        mallocTrim: releaseMalloc !== undefined,
+        mallocTrim: malloc !== undefined,
       },
       "taskshim serving",
     );
@@ -351,7 +351,7 @@ export async function startShim(config: ShimConfig): Promise<RunningShim> {
     const events = config.testing.noEvents ? Promise.resolve() : reconciler.followEvents();
     const probing = storage.run(shutdownController.signal);
     recovery.resumeStarts();
-    const stopHeapTrim = startHeapTrim({ releaseMalloc });
+    const stopHeapTrim = startHeapTrim({ releaseMalloc: malloc?.trim });
 
     let deadline: ShutdownDeadline | undefined;
     function shutdown(force: boolean): void {

@@ -1,6 +1,6 @@
 /**
- * glibc's `malloc_trim(0)`, called through Node's `node:ffi`: it gives the C heap's free pages
- * back to the system. Why the shim needs it: V8's compiler zones, HTTP parsers and the
+ * glibc's allocator controls, called through Node's `node:ffi`. `malloc_trim(0)` gives the C
+ * heap's free pages back to the system. Why the shim needs it: V8's compiler zones, HTTP parsers and the
  * start-up's schema compilation allocate with malloc on several threads, and glibc keeps what
  * they free in its per-thread arenas for reuse. On an idle shim that is 6 MB of its 80 MB
  * resident set that no later request needs (BENCHMARKS.md, B6). No library does this (a
@@ -43,21 +43,42 @@ const loadFfi: FfiLoader = () => {
   }
 };
 
+/** The glibc allocator's controls the shim uses. */
+export interface GlibcMalloc {
+  /** `malloc_trim(0)`: gives the C heap's free pages back to the system (under a millisecond). */
+  readonly trim: () => void;
+  /**
+   * `mallopt(M_ARENA_MAX, max)`: threads that have no arena yet share the existing ones once
+   * there are `max`. Call it before the threads allocate (first thing in `serve`). False where
+   * glibc refused the setting.
+   */
+  readonly limitArenas: (max: number) => boolean;
+}
+
+/** glibc's `M_ARENA_MAX` parameter of `mallopt` (malloc.h). */
+const M_ARENA_MAX = -8;
+
 /**
- * `malloc_trim(0)` of the C library the process runs on, or undefined where there is none to
- * call: not Linux, a C library other than glibc (musl has no `libc.so.6`), or no `node:ffi`.
+ * The glibc allocator of this process, or undefined where there is none to call: not Linux, a C
+ * library other than glibc (musl has no `libc.so.6`), or no `node:ffi`.
  */
-export function loadMallocTrim(load: FfiLoader = loadFfi): (() => void) | undefined {
+export function loadGlibcMalloc(load: FfiLoader = loadFfi): GlibcMalloc | undefined {
   if (process.platform !== "linux") return undefined;
   try {
     const ffi = load();
     if (ffi === undefined) return undefined;
+    const { INT_32, UINT_64 } = ffi.types;
     const libc = ffi.dlopen("libc.so.6", {
-      malloc_trim: { arguments: [ffi.types.UINT_64], return: ffi.types.INT_32 },
+      malloc_trim: { arguments: [UINT_64], return: INT_32 },
+      mallopt: { arguments: [INT_32, INT_32], return: INT_32 },
     });
-    const trim = libc.functions.malloc_trim;
-    if (trim === undefined) return undefined;
-    return () => void trim(0n);
+    const { malloc_trim: mallocTrim, mallopt } = libc.functions;
+    if (mallocTrim === undefined || mallopt === undefined) return undefined;
+    return {
+      trim: () => void mallocTrim(0n),
+      // mallopt answers 1 on success, 0 on error.
+      limitArenas: (max) => mallopt(M_ARENA_MAX, max) === 1,
+    };
   } catch {
     return undefined;
   }
