@@ -5,6 +5,8 @@ import { parsePrometheus, sumOf, type Sample } from "./prometheus.js";
 
 /** Engine API calls by operation and result (the shim's adapter counts every call). */
 export const ENGINE_CALLS = "taskshim_engine_calls_total";
+/** The time engine calls took, seconds, by operation (the sum of their duration histogram). */
+export const ENGINE_CALL_SECONDS = "taskshim_engine_call_duration_seconds_sum";
 /** Reconcile ticks (the count of the tick duration histogram) and their total duration. */
 export const TICKS = "taskshim_reconcile_tick_seconds_count";
 export const TICK_SECONDS = "taskshim_reconcile_tick_seconds_sum";
