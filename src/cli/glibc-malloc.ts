@@ -1,11 +1,11 @@
 /**
- * glibc's allocator controls, called through Node's `node:ffi`. `malloc_trim(0)` gives the C
- * heap's free pages back to the system. Why the shim needs it: V8's compiler zones, HTTP parsers and the
- * start-up's schema compilation allocate with malloc on several threads, and glibc keeps what
- * they free in its per-thread arenas for reuse. On an idle shim that is 6 MB of its 80 MB
- * resident set that no later request needs (BENCHMARKS.md, B6). No library does this (a
- * native addon would need a compiler on the host or a prebuilt binary per platform); `node:ffi`
- * ships with the Node.js the project pins.
+ * glibc's allocator controls, called through Node's `node:ffi`. Why the shim needs them: V8's
+ * compiler zones, HTTP parsers and the start-up's schema compilation allocate with malloc on
+ * several threads, and glibc keeps what they free in per-thread arenas for reuse. On an idle shim
+ * that is 6 MB of its 80 MB resident set that no later request needs, which `malloc_trim(0)` gives
+ * back; and each arena fragments on its own over task churn, which a cap on their number limits
+ * (BENCHMARKS.md, B6). No library does this (a native addon would need a compiler on the host or
+ * a prebuilt binary per platform); `node:ffi` ships with the Node.js the project pins.
  */
 
 /** The part of `node:ffi` this module uses (Node 26; the module is experimental). */
