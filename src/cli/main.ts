@@ -21,9 +21,10 @@ function ownBinaryPath(): string {
 /**
  * The C heap's arenas a serving shim may use. glibc gives each thread that allocates at the same
  * moment as another an arena of its own (up to 8 per core), and each keeps its own free space and
- * fragments on its own: with the default, 500 submit → exit → remove cycles left 8.4 MB more
- * anonymous memory, against 2.6 MB with 2 arenas (BENCHMARKS.md, B6). The shim's work is on one
- * thread; the rest (libuv's file-system pool, V8's compiler and collector) is short and rare.
+ * fragments on its own: with the default, 500 submit → exit → remove cycles left 9 arenas holding
+ * 5.4 MB; capped here, 5 holding 3.0 MB (V8's threads take theirs before this runs; the unit's
+ * MALLOC_ARENA_MAX caps those: docs/operations.md). The shim's work is on one thread; the rest
+ * (libuv's file-system pool, V8's compiler and collector) is short and rare.
  */
 const MALLOC_ARENAS = 2;
 
