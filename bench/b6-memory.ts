@@ -1,7 +1,7 @@
 import { setTimeout as sleep } from "node:timers/promises";
 import type { ShimProcess } from "../test/support/shim-process.js";
 import type { Bench } from "./lib/harness.js";
-import { statusMB } from "./lib/proc.js";
+import { residentBreakdown, statusMB } from "./lib/proc.js";
 import { parsePrometheus, sumOf } from "./lib/prometheus.js";
 import type { Row } from "./lib/report.js";
 import { median, round } from "./lib/stats.js";
@@ -35,16 +35,23 @@ export async function sampleRss(shim: ShimProcess, settleMs = 15_000, samples = 
   return median(values);
 }
 
-/** V8's view of the shim's memory (from its /metrics), for the notes. */
+/** V8's view of the shim's memory (from its /metrics) and where its resident set lies, for the notes. */
 async function heapBreakdown(shim: ShimProcess): Promise<string> {
   const samples = parsePrometheus((await shim.request("GET", "/metrics")).text);
+  const pid = shim.child.pid;
+  const r = pid === undefined ? undefined : await residentBreakdown(pid);
+  const resident =
+    r === undefined
+      ? ""
+      : `; resident: file pages ${r.file}, main arena ${r.brk}, ${r.arenaCount} thread arenas ${r.arenas}, ` +
+        `JIT code ${r.code}, other anonymous ${r.otherAnon} MB`;
   const mb = (name: string): number => round(sumOf(samples, name) / 1e6);
   const space = (name: string): number =>
     round(sumOf(samples, "taskshim_nodejs_heap_space_size_total_bytes", { space: name }) / 1e6);
   return (
     `V8 heap used ${mb("taskshim_nodejs_heap_size_used_bytes")} MB of ` +
     `${mb("taskshim_nodejs_heap_size_total_bytes")} MB (new space ${space("new")} MB, old space ` +
-    `${space("old")} MB), external ${mb("taskshim_nodejs_external_memory_bytes")} MB`
+    `${space("old")} MB), external ${mb("taskshim_nodejs_external_memory_bytes")} MB${resident}`
   );
 }
 
