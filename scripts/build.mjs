@@ -21,7 +21,7 @@ import { build } from "esbuild";
 import { chmod, mkdir, writeFile } from "node:fs/promises";
 import { dirname, resolve } from "node:path";
 import { parseArgs } from "node:util";
-import { NODE_FLAGS } from "./node-flags.mjs";
+import { LAUNCH_ENV, NODE_FLAGS } from "./node-flags.mjs";
 
 const { values } = parseArgs({
   options: {
@@ -132,8 +132,9 @@ const built = await build({
   format: "cjs",
   define,
   plugins: [unusedTransports, lazyBuiltins],
-  // The flags of every launch path (scripts/node-flags.mjs); `npm start` runs the bundle by it.
-  banner: { js: `#!/usr/bin/env -S node ${NODE_FLAGS.join(" ")}` },
+  // The environment and flags of every launch path (scripts/node-flags.mjs); `npm start` runs the
+  // bundle by it.
+  banner: { js: `#!/usr/bin/env -S ${[...LAUNCH_ENV, "node", ...NODE_FLAGS].join(" ")}` },
   legalComments: "none",
   // Comments and indentation are a third of the bundle, and V8 keeps a script's whole source in
   // memory for as long as it runs (to compile its functions lazily): 3.1 MB -> 2.1 MB. Whitespace

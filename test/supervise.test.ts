@@ -83,6 +83,11 @@ describe("taskshim supervise, killed and stopped", () => {
     await until("the first shim", async () => (await healthcheck(port).catch(() => 0)) === 200);
     const orphans = descendants(first.child.pid!);
     expect(orphans.length).toBeGreaterThanOrEqual(2); // the inner supervisor and its shim
+    // The shim runs with the arena cap of every launch path (scripts/node-flags.mjs).
+    const cmdline = (pid: number): string[] => readFileSync(`/proc/${pid}/cmdline`, "utf8").split("\0");
+    const shim = orphans.find((pid) => cmdline(pid).includes("serve"));
+    expect(shim, "the supervised shim's process").toBeDefined();
+    expect(readFileSync(`/proc/${shim}/environ`, "utf8").split("\0")).toContain("MALLOC_ARENA_MAX=2");
     first.child.kill("SIGKILL");
     await once(first.child, "exit");
 

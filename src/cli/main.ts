@@ -5,7 +5,7 @@ import { ConfigError, resolveShimConfig, SERVE_SETTINGS, type ServeFlags } from 
 import { VERSION } from "../version.js";
 import { addClientCommands } from "./client-commands.js";
 import { addFenceCommand } from "./fence.js";
-import { loadGlibcMalloc } from "./glibc-malloc.js";
+import { loadGlibcMalloc, MALLOC_ARENAS } from "./glibc-malloc.js";
 import { holdApiSocket } from "./held-socket.js";
 import { durationFlag } from "./durations.js";
 import { EXIT_CONFIG, supervise } from "./supervise.js";
@@ -17,16 +17,6 @@ function ownBinaryPath(): string {
   const script = process.argv[1];
   return script && /taskshim(\.cjs)?$/.test(script) ? script : process.execPath;
 }
-
-/**
- * The C heap's arenas a serving shim may use. glibc gives each thread that allocates at the same
- * moment as another an arena of its own (up to 8 per core), and each keeps its own free space and
- * fragments on its own: with the default, 500 submit → exit → remove cycles left 9 arenas holding
- * 5.4 MB; capped here, 5 holding 3.0 MB (V8's threads take theirs before this runs; the unit's
- * MALLOC_ARENA_MAX caps those: docs/operations.md). The shim's work is on one thread; the rest
- * (libuv's file-system pool, V8's compiler and collector) is short and rare.
- */
-const MALLOC_ARENAS = 2;
 
 async function serve(flags: ServeFlags): Promise<void> {
   // First: the arena limit only holds for threads that have not allocated yet.

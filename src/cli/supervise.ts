@@ -2,6 +2,7 @@ import { spawn, type ChildProcess } from "node:child_process";
 import { constants } from "node:os";
 import { setTimeout as sleep } from "node:timers/promises";
 import { HANDOFF_ENV, HandoffRelay } from "./connection-handoff.js";
+import { ARENA_ENV, MALLOC_ARENAS } from "./glibc-malloc.js";
 import { heldSocketSpawn, watchParent } from "./held-socket.js";
 
 /** sysexits' EX_CONFIG, which `serve` exits with on a configuration error: restarting cannot help. */
@@ -110,7 +111,8 @@ export async function supervise(options: SuperviseOptions): Promise<number> {
       const started = Date.now();
       child = spawn(options.binary, ["serve", ...options.serveArgs], {
         stdio: [...stdio, "ipc"],
-        env: { ...env, [HANDOFF_ENV]: "1" },
+        // The arena cap of the bundle's shebang, for the single binary too (an operator's own wins).
+        env: { [ARENA_ENV]: String(MALLOC_ARENAS), ...env, [HANDOFF_ENV]: "1" },
       });
       relay.attach(child);
       note("shim started", { run, pid: child.pid, binary: options.binary });

@@ -10,11 +10,12 @@ import { setTimeout as sleep } from "node:timers/promises";
 export const SHIM_BUNDLE = resolve(import.meta.dirname, "../../dist/taskshim.cjs");
 
 /**
- * The Node.js flags a bundle's shebang names (`#!/usr/bin/env -S node <flags>`, written by
+ * What a bundle's shebang sets (`#!/usr/bin/env -S [NAME=value ...] node <flags>`, written by
  * scripts/build.mjs from scripts/node-flags.mjs): the shim runs with them in every launch path,
- * so the tests and benchmarks that start it with `node <bundle>` pass them too.
+ * so the tests and benchmarks that start it with `node <bundle>` pass them too. Bundles of
+ * earlier releases have flags only.
  */
-export function bundleNodeFlags(bundle: string = SHIM_BUNDLE): string[] {
+export function bundleLaunch(bundle: string = SHIM_BUNDLE): { env: Record<string, string>; flags: string[] } {
   const fd = openSync(bundle, "r");
   try {
     const head = Buffer.alloc(512);
@@ -22,12 +23,22 @@ export function bundleNodeFlags(bundle: string = SHIM_BUNDLE): string[] {
       .subarray(0, readSync(fd, head, 0, head.length, 0))
       .toString("latin1")
       .split("\n")[0];
-    const match = /^#!\/usr\/bin\/env -S node((?: --[\w=.-]+)*)$/.exec(line ?? "");
-    if (!match) throw new Error(`${bundle}: no "#!/usr/bin/env -S node" shebang on its first line`);
-    return match[1]?.split(" ").filter(Boolean) ?? [];
+    const match = /^#!\/usr\/bin\/env -S((?: [A-Z_]+=\S*)*) node((?: --[\w=.-]+)*)$/.exec(line ?? "");
+    if (!match)
+      throw new Error(`${bundle}: no "#!/usr/bin/env -S [NAME=value ...] node" shebang on its first line`);
+    const words = (group: string | undefined): string[] => group?.split(" ").filter(Boolean) ?? [];
+    const env = Object.fromEntries(
+      words(match[1]).map((w) => [w.slice(0, w.indexOf("=")), w.slice(w.indexOf("=") + 1)]),
+    );
+    return { env, flags: words(match[2]) };
   } finally {
     closeSync(fd);
   }
+}
+
+/** The Node.js flags of a bundle's shebang ({@link bundleLaunch}). */
+export function bundleNodeFlags(bundle: string = SHIM_BUNDLE): string[] {
+  return bundleLaunch(bundle).flags;
 }
 
 /**
@@ -130,10 +141,11 @@ export class ShimProcess {
   ): Promise<ShimProcess> {
     const home = options.home ?? (await tempHome());
     const port = options.port ?? (await freePort());
+    const launch = bundleLaunch(options.bundle);
     const child = spawn(
       process.execPath,
       [
-        ...bundleNodeFlags(options.bundle),
+        ...launch.flags,
         options.bundle ?? SHIM_BUNDLE,
         "serve",
         "--shim-home",
@@ -142,7 +154,7 @@ export class ShimProcess {
         String(port),
         ...(options.args ?? []),
       ],
-      { env: { ...process.env, ...options.env }, stdio: ["ignore", "pipe", "pipe"] },
+      { env: { ...process.env, ...launch.env, ...options.env }, stdio: ["ignore", "pipe", "pipe"] },
     );
     const shim = new ShimProcess(child, home, port);
     if (options.waitReady !== false) await shim.waitReady();
