@@ -126,11 +126,7 @@ export async function runB9(
   } finally {
     await Promise.all(shims.map((s) => s.stop()));
     // Its 120 containers would otherwise run on, on the same engine, through B6 and the fleet's rows.
-    const b9 = bench.name("b9", "");
-    const own = await bench.ownContainers();
-    await bench.removeContainers(
-      own.filter((c) => (c.Names ?? []).some((n) => n.replace(/^\//, "").startsWith(b9))).map((c) => c.Id),
-    );
+    await bench.removeContainers((await bench.ownContainers(bench.name("b9", ""))).map((c) => c.Id));
   }
   const slowest = (p: Pass): number =>
     Math.max(...p.results.map((r) => r.windowMs ?? Number.POSITIVE_INFINITY));

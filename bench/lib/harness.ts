@@ -322,10 +322,13 @@ export class Bench {
     });
   }
 
-  /** The containers of this run (by name prefix): every one of them was made by the run. */
-  async ownContainers(): Promise<Docker.ContainerInfo[]> {
-    const listed = await this.docker.listContainers({ all: true, filters: { name: [this.prefix] } });
-    return listed.filter((c) => (c.Names ?? []).some((n) => n.replace(/^\//, "").startsWith(this.prefix)));
+  /**
+   * The containers of this run (by name prefix): every one of them was made by the run; with
+   * `prefix` (one of the run's names, e.g. `name("b9", "")`), only those whose name starts so.
+   */
+  async ownContainers(prefix: string = this.prefix): Promise<Docker.ContainerInfo[]> {
+    const listed = await this.docker.listContainers({ all: true, filters: { name: [prefix] } });
+    return listed.filter((c) => (c.Names ?? []).some((n) => n.replace(/^\//, "").startsWith(prefix)));
   }
 
   /**
