@@ -42,6 +42,8 @@ const DOCKERD_LOG = "/var/log/taskshim-dockerd.log";
 const APT_LOG = "/var/log/taskshim-apt.log";
 const PING_TIMEOUT_MS = 1_500;
 const ENGINE_START_TIMEOUT_MS = 60_000;
+/** One `GET /version` of an engine that answers `_ping`. */
+const VERSION_TIMEOUT_MS = 10_000;
 const APT_UPDATE_TIMEOUT_MS = 5 * 60_000;
 const APT_INSTALL_TIMEOUT_MS = 15 * 60_000;
 const SBIN_DIRS = ["/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"];
@@ -347,10 +349,38 @@ async function waitForPodman(endpoint, child, logOffset) {
 
 /**
  * Fails unless the engine at the socket says it is Podman (`GET /version`: Components[0].Name).
+ * A service that answers `_ping` may take seconds more for its first `/version` (it sets its
+ * runtime up then; 1.5 s was not enough on a loaded machine): asked again until
+ * ENGINE_START_TIMEOUT_MS while it gives no answer; an answer that is not Podman's fails at once.
  * @param {{ socketPath: string, label: string }} endpoint
  */
 async function expectPodman(endpoint) {
-  const body = await new Promise((resolve) => {
+  const deadline = Date.now() + ENGINE_START_TIMEOUT_MS;
+  let body = await engineVersionBody(endpoint);
+  while (body === "" && Date.now() < deadline) {
+    await sleep(500);
+    body = await engineVersionBody(endpoint);
+  }
+  let name;
+  try {
+    name = JSON.parse(body).Components?.[0]?.Name;
+  } catch {
+    name = undefined;
+  }
+  if (name !== "Podman Engine") {
+    fail(
+      `the engine at ${endpoint.label} is not Podman (GET /version: ${body.slice(0, 120) || "no answer"})`,
+    );
+  }
+}
+
+/**
+ * The body of the engine's `GET /version`, or "" when it gave none within VERSION_TIMEOUT_MS.
+ * @param {{ socketPath: string }} endpoint
+ * @returns {Promise<string>}
+ */
+function engineVersionBody(endpoint) {
+  return new Promise((resolve) => {
     const req = request(
       { socketPath: endpoint.socketPath, path: "/version", method: "GET", headers: { host: "podman" } },
       (res) => {
@@ -361,21 +391,10 @@ async function expectPodman(endpoint) {
         res.on("error", () => resolve(""));
       },
     );
-    req.setTimeout(PING_TIMEOUT_MS, () => req.destroy());
+    req.setTimeout(VERSION_TIMEOUT_MS, () => req.destroy());
     req.on("error", () => resolve(""));
     req.end();
   });
-  let name;
-  try {
-    name = JSON.parse(String(body)).Components?.[0]?.Name;
-  } catch {
-    name = undefined;
-  }
-  if (name !== "Podman Engine") {
-    fail(
-      `the engine at ${endpoint.label} is not Podman (GET /version: ${String(body).slice(0, 120) || "no answer"})`,
-    );
-  }
 }
 
 /**
