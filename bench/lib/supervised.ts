@@ -119,6 +119,30 @@ export class SupervisedShim {
     return logTimes(this.logs, "shim exited; restarting");
   }
 
+  /**
+   * What the last restart that began in [from, to] (wall-clock ms) was made of, from the logs of
+   * the supervisor and of the shim: the old shim drains and exits → new process spawned → its Node.js and
+   * bundle loaded (phase `restoring`) → tasks restored → serving. Undefined if none began then.
+   */
+  restartStages(from: number, to: number): RestartStages | undefined {
+    const exited = this.exits().find((t) => t >= from && t <= to);
+    if (exited === undefined) return undefined;
+    const next = (message: string, fields?: Record<string, string>): number =>
+      logTimes(this.logs, message, fields).find((t) => t >= exited) ?? Number.NaN;
+    const draining = logTimes(this.logs, "shim phase", { phase: "draining" }).findLast((t) => t <= exited);
+    const spawned = next("shim started");
+    const loaded = next("shim phase", { phase: "restoring" });
+    const restored = next("tasks restored");
+    const serving = next("taskshim serving");
+    return {
+      drainMs: exited - (draining ?? Number.NaN),
+      spawnMs: spawned - exited,
+      loadMs: loaded - spawned,
+      restoreMs: restored - loaded,
+      serveMs: serving - restored,
+    };
+  }
+
   /** SIGTERM to the supervisor (forwarded to the shim; containers keep running), then SIGKILL. */
   async stop(): Promise<void> {
     if (this.child.exitCode !== null || this.child.signalCode !== null) return;
@@ -130,6 +154,20 @@ export class SupervisedShim {
     await exited;
     clearTimeout(timer);
   }
+}
+
+/** The stages of one supervised restart, ms (see {@link SupervisedShim.restartStages}). */
+export interface RestartStages {
+  /** The old shim's phase `draining` → the supervisor saw it exit. */
+  readonly drainMs: number;
+  /** The old shim's exit → the supervisor has spawned the new process. */
+  readonly spawnMs: number;
+  /** Spawned → Node.js and the bundle loaded, the restore begins (phase `restoring`). */
+  readonly loadMs: number;
+  /** The restore (task.json files, the engine's list and inspects). */
+  readonly restoreMs: number;
+  /** Restored → listening and serving. */
+  readonly serveMs: number;
 }
 
 /** "2 ECONNREFUSED, 1 UND_ERR_SOCKET", or "" when nothing failed. */
@@ -145,6 +183,8 @@ export interface SteadyClientResult {
   readonly failed: number;
   /** Of those, connections refused (`ECONNREFUSED`: nothing held the port). */
   readonly refused: number;
+  /** Of those, requests with no answer within {@link STEADY_CLIENT_TIMEOUT_MS} (`TimeoutError`). */
+  readonly timedOut: number;
   /** Those failures by cause (`ECONNREFUSED`, `UND_ERR_SOCKET` = closed before the answer, …). */
   readonly causes: ReadonlyMap<string, number>;
   /** Wall-clock ms of the first answer that reported each version (healthcheck `version`). */
@@ -152,6 +192,9 @@ export interface SteadyClientResult {
   /** The slowest answer, ms. */
   readonly maxLatencyMs: number;
 }
+
+/** How long the steady client waits for an answer: a control plane's order (dstack's is 15 s). */
+export const STEADY_CLIENT_TIMEOUT_MS = 10_000;
 
 /**
  * An open-loop client: one `GET /api/healthcheck` every `1000 / rate` ms, whether or not the
@@ -170,7 +213,9 @@ export function steadyClient(url: string, rate: number): { stop: () => Promise<S
   const one = async (): Promise<void> => {
     const started = performance.now();
     try {
-      const response = await fetch(`${url}/api/healthcheck`, { signal: AbortSignal.timeout(10_000) });
+      const response = await fetch(`${url}/api/healthcheck`, {
+        signal: AbortSignal.timeout(STEADY_CLIENT_TIMEOUT_MS),
+      });
       const body = (await response.json()) as { version?: string };
       const at = Date.now();
       answered++;
@@ -207,6 +252,7 @@ export function steadyClient(url: string, rate: number): { stop: () => Promise<S
         answered,
         failed,
         refused: causes.get("ECONNREFUSED") ?? 0,
+        timedOut: causes.get("TimeoutError") ?? 0,
         causes,
         firstAnswerOf,
         maxLatencyMs,
