@@ -3,8 +3,9 @@ import { once } from "node:events";
 import { readFileSync } from "node:fs";
 import { setTimeout as sleep } from "node:timers/promises";
 import { afterAll, describe, expect, it } from "vitest";
+import { ARENA_ENV, MALLOC_ARENAS } from "../src/cli/glibc-malloc.js";
 import { alive } from "./support/dockerd.js";
-import { bundleNodeFlags, freePort, SHIM_BUNDLE, tempHome } from "./support/shim-process.js";
+import { bundleLaunch, bundleNodeFlags, freePort, SHIM_BUNDLE, tempHome } from "./support/shim-process.js";
 
 /*
  * `taskshim supervise` killed and started again, and stopped during a backoff (docs/operations.md,
@@ -87,7 +88,11 @@ describe("taskshim supervise, killed and stopped", () => {
     const cmdline = (pid: number): string[] => readFileSync(`/proc/${pid}/cmdline`, "utf8").split("\0");
     const shim = orphans.find((pid) => cmdline(pid).includes("serve"));
     expect(shim, "the supervised shim's process").toBeDefined();
-    expect(readFileSync(`/proc/${shim}/environ`, "utf8").split("\0")).toContain("MALLOC_ARENA_MAX=2");
+    expect(readFileSync(`/proc/${shim}/environ`, "utf8").split("\0")).toContain(
+      `${ARENA_ENV}=${MALLOC_ARENAS}`,
+    );
+    // …and the bundle's shebang (scripts/node-flags.mjs) the same value as `serve` and supervise.
+    expect(bundleLaunch(SHIM_BUNDLE).env[ARENA_ENV]).toBe(String(MALLOC_ARENAS));
     first.child.kill("SIGKILL");
     await once(first.child, "exit");
 

@@ -15,10 +15,13 @@
  * 5.4 MB; capped by `serve` ({@link GlibcMalloc.limitArenas}), 5 holding 3.0 MB. V8's worker
  * threads take theirs before any script runs; only the environment ({@link ARENA_ENV}, which the
  * bundle's shebang, `supervise` and the systemd unit set) caps those: after 1,600 cycles, 1
- * arena holding 1.9 MB against 6 holding 4.4 MB. The shim's work is on one thread; the rest
- * (libuv's file-system pool, V8's compiler and collector) is short and rare.
+ * arena holding 1.9 MB against 6 holding 4.4 MB. One arena, glibc's main one, and no thread
+ * arena at all: side by side from cycle 1,000 to 3,000, a shim capped at 2 grew 2.3 MB (its
+ * thread arena 1.0 → 1.7 MB), one capped at 1 grew 1.6 MB (B6-slope). The shim's work is on one
+ * thread; the rest (libuv's file-system pool, V8's compiler and collector) is short and rare,
+ * so they seldom wait for the arena's lock.
  */
-export const MALLOC_ARENAS = 2;
+export const MALLOC_ARENAS = 1;
 
 /** glibc's environment variable for {@link MALLOC_ARENAS}, read once as the process starts. */
 export const ARENA_ENV = "MALLOC_ARENA_MAX";
