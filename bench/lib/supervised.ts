@@ -120,9 +120,10 @@ export class SupervisedShim {
   }
 
   /**
-   * What the last restart that began in [from, to] (wall-clock ms) was made of, from the logs of
-   * the supervisor and of the shim: the old shim drains and exits → new process spawned → its Node.js and
-   * bundle loaded (phase `restoring`) → tasks restored → serving. Undefined if none began then.
+   * What the first restart that began in [from, to] (wall-clock ms) was made of, from the logs
+   * of the supervisor and of the shim: the old shim drains and exits → new process spawned → its
+   * Node.js and bundle loaded (phase `restoring`) → tasks restored → serving. Undefined if none
+   * began then.
    */
   restartStages(from: number, to: number): RestartStages | undefined {
     const exited = this.exits().find((t) => t >= from && t <= to);
