@@ -8,10 +8,10 @@
 export const NODE_FLAGS = ["--max-semi-space-size=2", "--expose-gc"];
 
 // The environment the bundle's shebang sets before node starts (the same value as MALLOC_ARENAS in
-// src/cli/glibc-malloc.ts). MALLOC_ARENA_MAX=1 keeps every thread's malloc in glibc's main arena: `serve`'s own cap (src/cli/glibc-malloc.ts) comes
-// after V8's worker threads have taken theirs, and each arena fragments on its own over task
-// churn (by hand, after 1,600 submit -> exit -> remove cycles: 6 arenas holding 4.4 MB and an RSS
-// of 91.0 MB without it, 1 arena holding 1.9 MB and 88.9 MB with it at 2; side by side, cycles
-// 1,000 -> 3,000 added 2.3 MB at 2, of which its thread arena 0.7, and 1.6 MB at 1). The single binary cannot
-// carry an environment: its unit (deploy/taskshim.service) and `taskshim supervise` set the same.
+// src/cli/glibc-malloc.ts; test/supervise.test.ts compares them). MALLOC_ARENA_MAX=1 keeps every
+// thread's malloc in glibc's main arena: `serve`'s own cap comes after V8's worker threads have
+// taken their arenas, and each arena fragments on its own over task churn (submit -> exit ->
+// remove cycles 1,000 -> 3,000, two shims side by side: +2.3 MB of RSS at 2, of which its thread
+// arena 0.7 MB, +1.6 MB at 1). The single binary cannot carry an environment: its unit
+// (deploy/taskshim.service) and `taskshim supervise` set the same.
 export const LAUNCH_ENV = ["MALLOC_ARENA_MAX=1"];
