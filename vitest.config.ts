@@ -23,7 +23,7 @@ export default defineConfig({
       {
         test: {
           name: "unit",
-          include: ["src/**/*.test.ts"],
+          include: ["src/**/*.test.ts", "bench/**/*.test.ts"],
           testTimeout: 10_000,
         },
       },

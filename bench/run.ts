@@ -1,4 +1,5 @@
 import { execFileSync } from "node:child_process";
+import { readFileSync } from "node:fs";
 import { cpus, loadavg } from "node:os";
 import { resolve } from "node:path";
 import { parseArgs } from "node:util";
@@ -23,7 +24,15 @@ import {
 import { Bench, sweepStale } from "./lib/harness.js";
 import { Fleet } from "./lib/fleet.js";
 import { dockerdPid } from "./lib/proc.js";
-import { compareRows, markdownTable, onEngine, writeResults, type Row } from "./lib/report.js";
+import {
+  compareRows,
+  markdownTable,
+  onEngine,
+  writeResults,
+  writeRunRecord,
+  type Row,
+} from "./lib/report.js";
+import { round } from "./lib/stats.js";
 import { buildRolloutBinaries } from "./lib/supervised.js";
 
 /*
@@ -38,6 +47,9 @@ import { buildRolloutBinaries } from "./lib/supervised.js";
  */
 
 const RESULTS = resolve(import.meta.dirname, "results/latest.json");
+/** Full runs of committed sources, kept in the repository (`bench/medians.ts` reads them). */
+const RUNS = resolve(import.meta.dirname, "results/runs");
+const PACKAGE_JSON = resolve(import.meta.dirname, "../package.json");
 const ALL = ["B1", "B2", "B3", "B4", "B5", "B6", "B7", "B8", "B9", "B10"] as const;
 
 const { values } = parseArgs({
@@ -115,18 +127,31 @@ for (const signal of ["SIGINT", "SIGTERM"] as const) {
 }
 process.once("exit", () => bench.killAllNow());
 
-/** Which source the shim under test was built from (git commit, and whether src/ had changes), or which bundle. */
-function shimSource(): string {
+/** What the shim under test was built from: a bundle given, or a commit and whether src/ had changes. */
+interface ShimRevision {
+  readonly bundle?: string;
+  readonly commit?: string;
+  readonly dirty: boolean;
+}
+
+function shimRevision(): ShimRevision {
   const bundle = process.env.BENCH_SHIM_BUNDLE;
-  if (bundle) return `shim bundle ${bundle} (BENCH_SHIM_BUNDLE)`;
+  if (bundle) return { bundle, dirty: false };
   try {
     const git = (args: string[]): string => execFileSync("git", args, { encoding: "utf8" }).trim();
-    const head = git(["rev-parse", "--short", "HEAD"]);
-    const dirty = git(["status", "--porcelain", "--", "src"]) !== "";
-    return `shim built from ${head}${dirty ? " plus uncommitted changes in src/" : ""}`;
+    return {
+      commit: git(["rev-parse", "--short", "HEAD"]),
+      dirty: git(["status", "--porcelain", "--", "src"]) !== "",
+    };
   } catch {
-    return "shim built from an unknown revision";
+    return { dirty: false };
   }
+}
+
+function describeRevision({ bundle, commit, dirty }: ShimRevision): string {
+  if (bundle) return `shim bundle ${bundle} (BENCH_SHIM_BUNDLE)`;
+  if (!commit) return "shim built from an unknown revision";
+  return `shim built from ${commit}${dirty ? " plus uncommitted changes in src/" : ""}`;
 }
 
 /** The engines measured and their versions, for the heading of the results. */
@@ -198,7 +223,8 @@ const started = performance.now();
 // A dockerd restart stops Docker's containers; Podman's outlive its service (conmon holds them).
 const onDocker = engines.includes("docker");
 const engineAtStart = onDocker ? await dockerdPid() : undefined;
-const built = shimSource();
+const revision = shimRevision();
+const built = describeRevision(revision);
 let rows: Row[] = [];
 let failed: Error | undefined;
 let leftovers = false;
@@ -228,6 +254,23 @@ if (restarted) bench.note(`WARNING: ${restarted}; these results are not valid.`)
 
 const seconds = Math.round((performance.now() - started) / 1000);
 await writeResults(RESULTS, rows);
+// Only a full run of a committed source is kept: the runs that medians may be taken over.
+const full = !bench.quick && !values.only && !values.tasks && !values.shims;
+const record =
+  full && revision.commit && !revision.dirty && !restarted
+    ? await writeRunRecord(RUNS, {
+        date: new Date().toISOString(),
+        version: (JSON.parse(readFileSync(PACKAGE_JSON, "utf8")) as { version: string }).version,
+        commit: revision.commit,
+        node: process.version,
+        engines: engineVersions,
+        cpus: cpus().length,
+        load: loadavg().map((l) => round(l, 2)),
+        seconds,
+        rows,
+        notes: bench.notes,
+      })
+    : undefined;
 const passed = rows.filter((r) => r.pass).length;
 process.stdout.write(
   [
@@ -241,7 +284,7 @@ process.stdout.write(
     "",
     ...bench.notes.map((n) => `- ${n}`),
     "",
-    `${passed}/${rows.length} targets met; ${seconds} s; results in ${RESULTS}`,
+    `${passed}/${rows.length} targets met; ${seconds} s; results in ${RESULTS}${record ? ` and ${record}` : ""}`,
     "",
   ].join("\n"),
 );

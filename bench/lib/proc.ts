@@ -37,6 +37,8 @@ export async function statusMB(pid: number, field: "VmRSS" | "VmHWM"): Promise<n
 
 /** Where a process's resident memory lies, MB, by kind of mapping (/proc/<pid>/smaps). */
 export interface ResidentBreakdown {
+  /** Every mapping's resident pages (what VmRSS counts), from the same read as the parts. */
+  readonly total: number;
   /** Pages of files: the node binary, libraries. */
   readonly file: number;
   /** glibc's main arena (the `[heap]` of brk). */
@@ -84,6 +86,7 @@ export async function residentBreakdown(pid: number): Promise<ResidentBreakdown>
   }
   const mb = (n: number): number => Math.round((n * 1024) / 1e5) / 10;
   return {
+    total: mb(kb.file + kb.brk + kb.arenas + kb.code + kb.otherAnon),
     file: mb(kb.file),
     brk: mb(kb.brk),
     arenas: mb(kb.arenas),

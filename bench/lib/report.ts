@@ -1,5 +1,5 @@
 import { mkdir, writeFile } from "node:fs/promises";
-import { dirname } from "node:path";
+import { dirname, join } from "node:path";
 import type { EngineKind, EngineTarget } from "./engines.js";
 
 /** One row of the results table and of `bench/results/latest.json`. */
@@ -94,4 +94,33 @@ export async function writeResults(path: string, rows: readonly Row[]): Promise<
     pass,
   }));
   await writeFile(path, `${JSON.stringify(ordered, null, 2)}\n`);
+}
+
+/**
+ * A full run as kept in `bench/results/runs/` (committed): what {@link writeResults} writes and
+ * what it was measured on, so that later sessions can take medians over runs of one version
+ * (`bench/medians.ts`).
+ */
+export interface RunRecord {
+  /** When the run ended (ISO 8601, UTC). */
+  readonly date: string;
+  /** The shim's version (package.json) and the commit it was built from. */
+  readonly version: string;
+  readonly commit: string;
+  readonly node: string;
+  readonly engines: string;
+  readonly cpus: number;
+  /** The load averages at the end (1, 5, 15 min). */
+  readonly load: readonly number[];
+  readonly seconds: number;
+  readonly rows: readonly Row[];
+  readonly notes: readonly string[];
+}
+
+/** Writes `record` as `<dir>/<date>-<commit>.json`; returns that path. */
+export async function writeRunRecord(dir: string, record: RunRecord): Promise<string> {
+  await mkdir(dir, { recursive: true });
+  const path = join(dir, `${record.date.slice(0, 16).replace(":", "")}-${record.commit}.json`);
+  await writeFile(path, `${JSON.stringify(record, null, 2)}\n`);
+  return path;
 }

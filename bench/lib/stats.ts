@@ -32,3 +32,21 @@ export function describe(values: readonly number[], unit: string, digits = 1): s
     `p90=${f(percentile(values, 90))} p99=${f(percentile(values, 99))} max=${f(Math.max(...values))}`
   );
 }
+
+/**
+ * The slope of the least-squares line through `points` ([x, y] pairs, at least two distinct x):
+ * how much y grows per unit of x, from every point rather than the two ends.
+ */
+export function leastSquaresSlope(points: readonly (readonly [number, number])[]): number {
+  const n = points.length;
+  const meanX = points.reduce((sum, [x]) => sum + x, 0) / n;
+  const meanY = points.reduce((sum, [, y]) => sum + y, 0) / n;
+  let covariance = 0;
+  let variance = 0;
+  for (const [x, y] of points) {
+    covariance += (x - meanX) * (y - meanY);
+    variance += (x - meanX) ** 2;
+  }
+  if (!(variance > 0)) throw new Error("least-squares slope needs at least two distinct x");
+  return covariance / variance;
+}

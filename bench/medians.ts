@@ -1,0 +1,64 @@
+import { readdir, readFile } from "node:fs/promises";
+import { join, resolve } from "node:path";
+import { parseArgs } from "node:util";
+import { combineRuns, type MedianRow } from "./lib/medians.js";
+import type { RunRecord } from "./lib/report.js";
+
+/*
+ * `npx tsx bench/medians.ts [--version X.Y.Z] [--runs 3]`
+ *
+ * The medians of the newest `--runs` full runs of one shim version (default: the newest run's),
+ * from the records `npm run bench` keeps in bench/results/runs/, as a markdown table on stdout
+ * with every run's own figure beside the median. A full run takes over an hour, so the runs a
+ * median needs are made one or two per session and kept in the repository.
+ */
+
+const RUNS = resolve(import.meta.dirname, "results/runs");
+
+const { values } = parseArgs({
+  options: { version: { type: "string" }, runs: { type: "string", default: "3" } },
+});
+const wanted = Number(values.runs);
+if (!Number.isInteger(wanted) || wanted < 1) {
+  process.stderr.write("--runs: expected an integer >= 1\n");
+  process.exit(2);
+}
+
+const files = (await readdir(RUNS).catch(() => [])).filter((f) => f.endsWith(".json")).sort();
+const records: RunRecord[] = [];
+for (const file of files) {
+  records.push(JSON.parse(await readFile(join(RUNS, file), "utf8")) as RunRecord);
+}
+records.sort((a, b) => a.date.localeCompare(b.date));
+const version = values.version ?? records.at(-1)?.version;
+const chosen = records.filter((r) => r.version === version).slice(-wanted);
+if (chosen.length === 0) {
+  process.stderr.write(`no full run of ${version ?? "any version"} in ${RUNS}\n`);
+  process.exit(1);
+}
+
+const cell = (value: number | null): string => (value === null ? "—" : String(value));
+const line = (r: MedianRow): string =>
+  `| ${r.id} | ${r.name.replaceAll("|", "\\|")} | ${r.unit} | ${cell(r.taskshim)} | ${r.runs.map(cell).join(" / ")} | ` +
+  `${cell(r.baseline)} | ${cell(r.ratio)} | ${r.target.replaceAll("|", "\\|")} | ${r.pass ? "✅" : "❌"} |`;
+const rows = combineRuns(chosen);
+const passed = rows.filter((r) => r.pass).length;
+process.stdout.write(
+  [
+    `## taskshim benchmarks: medians of ${chosen.length} full run${chosen.length === 1 ? "" : "s"} of ${version}` +
+      (chosen.length < wanted ? ` (${wanted} asked for)` : ""),
+    "",
+    ...chosen.map(
+      (r) =>
+        `- ${r.date} (${r.commit}, ${r.engines}, Node.js ${r.node}, ${r.cpus} CPUs, load at the end ` +
+        `${r.load.join(" ")}, ${r.seconds} s)`,
+    ),
+    "",
+    "| id | benchmark | unit | taskshim | each run | baseline | ratio | target | pass |",
+    "|---|---|---|--:|--:|--:|--:|---|:-:|",
+    ...rows.map(line),
+    "",
+    `${passed}/${rows.length} targets met by the medians`,
+    "",
+  ].join("\n"),
+);
