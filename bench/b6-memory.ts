@@ -79,7 +79,8 @@ async function heapBreakdown(shim: ShimProcess, memory?: SettledMemory): Promise
   const settled =
     memory === undefined
       ? ""
-      : `RSS within ${memory.span} MB over the last ${memory.sampledS} s of samples; `;
+      : `${memory.span <= SETTLED_SPAN_MB ? "settled after" : "not settled in"} ${memory.sampledS} s of samples ` +
+        `(the last ${SETTLED_SAMPLES} within ${memory.span} MB); `;
   const resident =
     r === undefined
       ? ""

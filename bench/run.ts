@@ -42,7 +42,8 @@ import { buildRolloutBinaries } from "./lib/supervised.js";
  * Runs the benchmarks of BENCHMARKS.md against the built shim (dist/taskshim.cjs) and the local
  * Docker Engine (B1 and B2 also on Podman with `--engines docker,podman`: rows B1-podman…),
  * prints a markdown table on stdout (progress goes to stderr) and writes
- * bench/results/latest.json. Everything a run creates is named `bn-<nonce>-…` and removed at
+ * bench/results/latest.json (a full run of a committed source also bench/results/runs/<date>-<commit>.json,
+ * kept for bench/medians.ts). Everything a run creates is named `bn-<nonce>-…` and removed at
  * the end, also on failure or Ctrl-C.
  */
 

@@ -18,7 +18,8 @@ beforeEach(async () => {
 });
 
 afterEach(async () => {
-  await env.runner.awaitStarts();
+  // Waits for the starts and removes the temp home (the runs of 3 December left one per test in /tmp).
+  await env.dispose();
 });
 
 describe("GET /api/openapi.json", () => {

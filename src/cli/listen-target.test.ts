@@ -1,6 +1,6 @@
 import { createSocket } from "node:dgram";
 import { once } from "node:events";
-import { open } from "node:fs/promises";
+import { open, rm } from "node:fs/promises";
 import { createServer, Socket, type Server } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -104,7 +104,8 @@ describe("U13 inspectInheritedSocket (the real kernel's tables)", () => {
     const client = new Socket();
     client.connect((tcp.address() as { port: number }).port, "127.0.0.1");
     await once(client, "connect");
-    const file = await open(join(tmpdir(), `taskshim-lt-${process.pid}.txt`), "w");
+    const filePath = join(tmpdir(), `taskshim-lt-${process.pid}.txt`);
+    const file = await open(filePath, "w");
     try {
       const why = async (fd: number): Promise<string> => {
         const seen = await inspectInheritedSocket(fd);
@@ -127,6 +128,7 @@ describe("U13 inspectInheritedSocket (the real kernel's tables)", () => {
       client.destroy();
       tcp.close();
       await file.close();
+      await rm(filePath, { force: true });
     }
   });
 });
