@@ -30,7 +30,9 @@ const SAMPLE_LIMIT_MS = 90_000;
 export interface SettledMemory {
   /** VmRSS: the median of the last SETTLED_SAMPLES samples. */
   readonly rss: number;
-  /** The span (max − min) of those samples: under SETTLED_SPAN_MB unless the limit came first. */
+  /** Whether those samples lie within SETTLED_SPAN_MB (false: SAMPLE_LIMIT_MS came first). */
+  readonly settled: boolean;
+  /** Their span (max − min). */
   readonly span: number;
   /** Seconds from the first sample to the last (SETTLED_SAMPLES − 1 when it settled at once). */
   readonly sampledS: number;
@@ -52,16 +54,17 @@ export async function settledMemory(shim: ShimProcess): Promise<SettledMemory> {
   const started = performance.now();
   const values: number[] = [];
   let last: number[];
+  let settled: boolean;
   for (;;) {
     values.push(await statusMB(pid, "VmRSS"));
     last = values.slice(-SETTLED_SAMPLES);
-    const settled =
-      last.length === SETTLED_SAMPLES && Math.max(...last) - Math.min(...last) <= SETTLED_SPAN_MB;
+    settled = last.length === SETTLED_SAMPLES && Math.max(...last) - Math.min(...last) <= SETTLED_SPAN_MB;
     if (settled || performance.now() - started >= SAMPLE_LIMIT_MS) break;
     await sleep(1_000);
   }
   return {
     rss: round(median(last)),
+    settled,
     span: round(Math.max(...last) - Math.min(...last)),
     sampledS: round((performance.now() - started) / 1000, 0),
     breakdown: await residentBreakdown(pid),
@@ -79,7 +82,7 @@ async function heapBreakdown(shim: ShimProcess, memory?: SettledMemory): Promise
   const settled =
     memory === undefined
       ? ""
-      : `${memory.span <= SETTLED_SPAN_MB ? "settled after" : "not settled in"} ${memory.sampledS} s of samples ` +
+      : `${memory.settled ? "settled after" : "not settled in"} ${memory.sampledS} s of samples ` +
         `(the last ${SETTLED_SAMPLES} within ${memory.span} MB); `;
   const resident =
     r === undefined

@@ -77,12 +77,12 @@ export function combineRuns(records: readonly RunRecord[]): MedianRow[] {
     const taskshim = medianOf(rows.map((row) => row?.taskshim ?? null))!;
     const ratio = medianOf(rows.map((row) => row?.ratio ?? null));
     const targets = present.map((row) => parseTarget(row.target, row.unit));
-    const numeric = targets.every((t) => t !== undefined) ? targets : undefined;
     let target = newest.target;
     let pass = present.every((row) => row.pass);
-    if (numeric && numeric.length > 0) {
-      const first = numeric[0]!;
-      const value = round(median(numeric.map((t) => t.value)), 3);
+    // Every run's target has a figure (present is never empty: the key came from one of them).
+    if (targets.every((t) => t !== undefined)) {
+      const first = targets[0]!;
+      const value = round(median(targets.map((t) => t.value)), 3);
       const combined: NumericTarget = { ...first, value };
       pass = meets(first.on === "ratio" ? ratio : taskshim, combined) && (!first.condition || pass);
       if (new Set(present.map((row) => row.target)).size > 1) {
