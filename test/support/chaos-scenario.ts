@@ -527,7 +527,10 @@ export class Scenario {
         id: info.Id,
         name: info.Name.replace(/^\//, ""),
         taskId: info.Config.Labels?.[LABEL_TASK_ID] ?? "",
-        state: info.State.Status,
+        // Podman's `stopped` is a container whose process exited and whose exit code is read,
+        // its cleanup (conmon's `podman container cleanup`) not done yet: Docker's `exited`, as
+        // the shim reads it (src/docker/podman-compat.ts). Under load the oracle saw it there.
+        state: info.State.Status === "stopped" ? "exited" : info.State.Status,
         exitCode: info.State.ExitCode,
         oomKilled: info.State.OOMKilled,
         startedAt: info.State.StartedAt,
