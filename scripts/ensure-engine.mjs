@@ -102,6 +102,11 @@ const isRoot = typeof process.getuid === "function" && process.getuid() === 0;
 const isLinux = process.platform === "linux";
 const searchPath = [...new Set([...(process.env.PATH ?? "").split(delimiter).filter(Boolean), ...SBIN_DIRS])];
 const childEnv = { ...process.env, PATH: searchPath.join(delimiter), DEBIAN_FRONTEND: "noninteractive" };
+// The engines started here outlive the caller, and so would its TMPDIR inside them: dockerd hands
+// it to containerd and runc, which write each exec's spec there. A test project's TMPDIR
+// (scripts/test-engines.mjs) is removed when the project exits, and every exec then failed with
+// "OCI runtime exec failed: open $TMPDIR/runc-process…: no such file or directory".
+delete childEnv.TMPDIR;
 
 try {
   await (engine === "podman" ? mainPodman() : main());

@@ -59,7 +59,11 @@ export async function stopDockerd(timeoutMs = 60_000): Promise<string[]> {
 export async function startDockerd(argv: string[]): Promise<void> {
   const log = openSync(DOCKERD_LOG, "a");
   const [program, ...args] = argv;
-  const child = spawn(program ?? "dockerd", args, { detached: true, stdio: ["ignore", log, log] });
+  // Not this process's TMPDIR: the test project's own (scripts/test-engines.mjs), removed when it
+  // exits, while dockerd, containerd and runc go on writing each exec's spec there.
+  const env = { ...process.env };
+  delete env.TMPDIR;
+  const child = spawn(program ?? "dockerd", args, { detached: true, stdio: ["ignore", log, log], env });
   child.unref();
   await waitEngine();
 }
