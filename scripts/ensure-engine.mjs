@@ -319,6 +319,7 @@ function startPodmanService(endpoint) {
       detached: true,
       stdio: ["ignore", log, log],
       env: podmanEnv(),
+      cwd: "/", // as dockerd's: never a directory that may be removed under it
     });
     child.unref();
     return child;
@@ -608,7 +609,14 @@ function startDockerd(endpoint) {
   const log = openSync(DOCKERD_LOG, "a");
   try {
     // detached → setsid(): own session and process group, so it outlives this script and its terminal.
-    const child = spawn(dockerd, argv, { detached: true, stdio: ["ignore", log, log], env: childEnv });
+    // cwd "/": an engine outlives the directory it was started from (a CI clone, removed after), and
+    // conmon, which inherits it, fails every start once it is gone ("Failed to get working directory").
+    const child = spawn(dockerd, argv, {
+      detached: true,
+      stdio: ["ignore", log, log],
+      env: childEnv,
+      cwd: "/",
+    });
     child.unref();
     return child;
   } finally {

@@ -59,11 +59,16 @@ export async function stopDockerd(timeoutMs = 60_000): Promise<string[]> {
 export async function startDockerd(argv: string[]): Promise<void> {
   const log = openSync(DOCKERD_LOG, "a");
   const [program, ...args] = argv;
-  // Not this process's TMPDIR: the test project's own (scripts/test-engines.mjs), removed when it
-  // exits, while dockerd, containerd and runc go on writing each exec's spec there.
+  // Neither this process's TMPDIR (the test project's own, scripts/test-engines.mjs, removed when
+  // it exits, while containerd and runc go on writing each exec's spec there) nor its cwd.
   const env = { ...process.env };
   delete env.TMPDIR;
-  const child = spawn(program ?? "dockerd", args, { detached: true, stdio: ["ignore", log, log], env });
+  const child = spawn(program ?? "dockerd", args, {
+    detached: true,
+    stdio: ["ignore", log, log],
+    env,
+    cwd: "/",
+  });
   child.unref();
   await waitEngine();
 }
