@@ -2,7 +2,7 @@ import { readdir, readFile } from "node:fs/promises";
 import { join, resolve } from "node:path";
 import { parseArgs } from "node:util";
 import { combineRuns, type MedianRow } from "./lib/medians.js";
-import type { RunRecord } from "./lib/report.js";
+import { cell, textCell, type RunRecord } from "./lib/report.js";
 
 /*
  * `npx tsx bench/medians.ts [--version X.Y.Z] [--runs 3]`
@@ -37,10 +37,9 @@ if (chosen.length === 0) {
   process.exit(1);
 }
 
-const cell = (value: number | null): string => (value === null ? "—" : String(value));
 const line = (r: MedianRow): string =>
-  `| ${r.id} | ${r.name.replaceAll("|", "\\|")} | ${r.unit} | ${cell(r.taskshim)} | ${r.runs.map(cell).join(" / ")} | ` +
-  `${cell(r.baseline)} | ${cell(r.ratio)} | ${r.target.replaceAll("|", "\\|")} | ${r.pass ? "✅" : "❌"} |`;
+  `| ${r.id} | ${textCell(r.name)} | ${r.unit} | ${cell(r.taskshim)} | ${r.runs.map(cell).join(" / ")} | ` +
+  `${cell(r.baseline)} | ${cell(r.ratio)} | ${textCell(r.target)} | ${r.pass ? "✅" : "❌"} |`;
 const rows = combineRuns(chosen);
 const passed = rows.filter((r) => r.pass).length;
 process.stdout.write(

@@ -1,5 +1,4 @@
 import { execFileSync } from "node:child_process";
-import { readFileSync } from "node:fs";
 import { cpus, loadavg } from "node:os";
 import { resolve } from "node:path";
 import { parseArgs } from "node:util";
@@ -33,6 +32,7 @@ import {
   type Row,
 } from "./lib/report.js";
 import { round } from "./lib/stats.js";
+import { VERSION } from "../src/version.js";
 import { buildRolloutBinaries } from "./lib/supervised.js";
 
 /*
@@ -50,7 +50,6 @@ import { buildRolloutBinaries } from "./lib/supervised.js";
 const RESULTS = resolve(import.meta.dirname, "results/latest.json");
 /** Full runs of committed sources, kept in the repository (`bench/medians.ts` reads them). */
 const RUNS = resolve(import.meta.dirname, "results/runs");
-const PACKAGE_JSON = resolve(import.meta.dirname, "../package.json");
 const ALL = ["B1", "B2", "B3", "B4", "B5", "B6", "B7", "B8", "B9", "B10"] as const;
 
 const { values } = parseArgs({
@@ -261,7 +260,7 @@ const record =
   full && revision.commit && !revision.dirty && !restarted
     ? await writeRunRecord(RUNS, {
         date: new Date().toISOString(),
-        version: (JSON.parse(readFileSync(PACKAGE_JSON, "utf8")) as { version: string }).version,
+        version: VERSION,
         commit: revision.commit,
         node: process.version,
         engines: engineVersions,

@@ -63,8 +63,14 @@ export function ratioRow(fields: Omit<Row, "ratio">): Row {
   return { ...fields, ratio };
 }
 
-function cell(value: number | null): string {
+/** A table cell of a figure: "—" where there is none. */
+export function cell(value: number | null): string {
   return value === null ? "—" : String(value);
+}
+
+/** A table cell of text: its pipes escaped. */
+export function textCell(text: string): string {
+  return text.replaceAll("|", "\\|");
 }
 
 /** The results as a markdown table. */
@@ -73,8 +79,8 @@ export function markdownTable(rows: readonly Row[]): string {
   const rule = "|---|---|---|--:|--:|--:|---|:-:|";
   const lines = rows.map(
     (r) =>
-      `| ${r.id} | ${r.name.replaceAll("|", "\\|")} | ${r.unit} | ${cell(r.taskshim)} | ${cell(r.baseline)} | ` +
-      `${cell(r.ratio)} | ${r.target.replaceAll("|", "\\|")} | ${r.pass ? "✅" : "❌"} |`,
+      `| ${r.id} | ${textCell(r.name)} | ${r.unit} | ${cell(r.taskshim)} | ${cell(r.baseline)} | ` +
+      `${cell(r.ratio)} | ${textCell(r.target)} | ${r.pass ? "✅" : "❌"} |`,
   );
   return [header, rule, ...lines].join("\n");
 }
