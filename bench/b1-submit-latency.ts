@@ -1,5 +1,6 @@
 import { join } from "node:path";
-import { setTimeout as sleep } from "node:timers/promises";
+import { ShimClient } from "../src/control/shim-client.js";
+import { errorMessage } from "../src/errors/error-message.js";
 import { writeFileDurably } from "../src/state/durable-write.js";
 import type { ShimProcess } from "../test/support/shim-process.js";
 import type { Bench } from "./lib/harness.js";
@@ -9,20 +10,12 @@ import { sumOf } from "./lib/prometheus.js";
 import { describe, median, round } from "./lib/stats.js";
 
 const COMMAND = ["sleep", "3600"];
-/**
- * How often the client polls for `running`, from a random phase. The polling client shares the
- * 2 cores with the engine, and its CPU slows the container start it is waiting for: measured in
- * the same run (shim-side timestamps of create and start against the same body created and
- * started directly), the engine's start took +15-20 ms with a poll every 20 ms, +5 ms every
- * 50 ms and +2 ms every 100 ms (every 2 ms: ~+100 ms). The baseline does not poll, so that cost
- * would be charged to the shim. At 50 ms the change is still dated midway between the last
- * answer still `pending`…`creating` and the first `running` one: no bias, ±25 ms of noise
- * that the median over 30 trials shrinks to a few ms.
- */
-const POLL_MS = 50;
 
 /** The engine calls of the reconciler and the health probe: concurrent with a start, not in its path. */
 const OFF_PATH_OPS = new Set(["list", "ping", "version", "events"]);
+
+/** The longest a trial's task may take to reach `running`. */
+const RUNNING_TIMEOUT_MS = 60_000;
 
 /** One shim trial: the latency, and how much of it the shim spent waiting for its own engine calls. */
 interface ShimTrial {
@@ -31,42 +24,98 @@ interface ShimTrial {
 }
 
 /**
- * submit → `running` as a client sees it: POST, then GET until the status is `running`. The
- * shim's engine calls in that window are added to `calls` (read from /metrics outside it), and
- * the time its calls on the start's path took (the adapter's duration histogram) is returned.
+ * When each task became `running`, as the shim's own event stream (`GET /api/events`) stamps the
+ * change: the moment the status is in the store, after its durable write, i.e. the first moment a
+ * `GET /api/tasks/{id}` answers `running`. A polling client would add its poll's phase (±half
+ * the interval) as noise and its CPU to the engine's start it waits for: measured on this kind
+ * of machine, a poll every 50 ms slowed the engine's start by ~5 ms, every 20 ms by 15-20 ms,
+ * and that would be charged to the shim, since the baseline does not poll. The stream's client is
+ * idle between the shim's writes (one per 50 ms at most).
+ */
+class RunningTimes {
+  private readonly stop = new AbortController();
+  private readonly times = new Map<string, number>();
+  private readonly failures = new Map<string, string>();
+  private readonly waiters = new Map<string, () => void>();
+  private readonly done: Promise<void>;
+
+  private constructor(client: ShimClient) {
+    this.done = this.follow(client).catch((error: unknown) => {
+      this.failures.set("*", `the event stream failed: ${errorMessage(error)}`);
+      for (const wake of this.waiters.values()) wake();
+    });
+  }
+
+  /** Follows `shim`'s event stream from now on. */
+  static open(shim: ShimProcess): RunningTimes {
+    return new RunningTimes(new ShimClient(shim.url));
+  }
+
+  private async follow(client: ShimClient): Promise<void> {
+    for await (const event of client.events(this.stop.signal)) {
+      if (event.kind !== "changed") continue;
+      if (event.to === "running") this.times.set(event.id, Date.parse(event.time));
+      else if (event.to === "terminated")
+        this.failures.set(event.id, `terminated (${event.termination_reason})`);
+      else continue;
+      this.waiters.get(event.id)?.();
+    }
+  }
+
+  /** The epoch ms at which task `id` became `running`; throws if it terminated or took too long. */
+  async runningAt(id: string): Promise<number> {
+    const deadline = AbortSignal.timeout(RUNNING_TIMEOUT_MS);
+    for (;;) {
+      const time = this.times.get(id);
+      if (time !== undefined) return time;
+      const failure = this.failures.get(id) ?? this.failures.get("*");
+      if (failure !== undefined) throw new Error(`B1 task ${id}: ${failure}`);
+      if (deadline.aborted) throw new Error(`B1 task ${id} not running after ${RUNNING_TIMEOUT_MS} ms`);
+      await new Promise<void>((resolve) => {
+        const wake = (): void => {
+          deadline.removeEventListener("abort", wake);
+          this.waiters.delete(id);
+          resolve();
+        };
+        this.waiters.set(id, wake);
+        deadline.addEventListener("abort", wake, { once: true });
+      });
+    }
+  }
+
+  async close(): Promise<void> {
+    this.stop.abort();
+    await this.done;
+  }
+}
+
+/**
+ * submit → `running`: from just before the POST to the moment the shim's event stream stamps
+ * `running` (see {@link RunningTimes}; both are this machine's wall clock, in ms). The shim's
+ * engine calls in that window are added to `calls` (read from /metrics outside it), and the time
+ * its calls on the start's path took (the adapter's duration histogram) is returned.
  */
 async function shimTrial(
   bench: Bench,
   shim: ShimProcess,
+  running: RunningTimes,
   name: string,
   calls: Map<string, number>,
 ): Promise<ShimTrial> {
   const before = await readMetrics(shim);
-  const started = performance.now();
+  const started = Date.now();
   await shim.submit(bench.taskConfig(name, COMMAND));
-  let notYet = performance.now();
-  await sleep(Math.random() * POLL_MS);
-  for (;;) {
-    const task = await shim.task(name);
-    const answered = performance.now();
-    if (task.status === "running") {
-      const elapsedMs = (notYet + answered) / 2 - started;
-      const after = await readMetrics(shim);
-      for (const [op, n] of callDeltas(before, after)) calls.set(op, (calls.get(op) ?? 0) + n);
-      let engineMs = 0;
-      for (const op of new Set(after.samples.map((sample) => sample.labels.op ?? ""))) {
-        if (op === "" || OFF_PATH_OPS.has(op)) continue;
-        const sum = (r: typeof before): number => sumOf(r.samples, ENGINE_CALL_SECONDS, { op });
-        engineMs += (sum(after) - sum(before)) * 1000;
-      }
-      await bench.removeTasks(shim, [name]);
-      return { elapsedMs, engineMs };
-    }
-    if (task.status === "terminated")
-      throw new Error(`B1 task ${name} terminated: ${task.termination_message}`);
-    notYet = answered;
-    await sleep(POLL_MS);
+  const elapsedMs = (await running.runningAt(name)) - started;
+  const after = await readMetrics(shim);
+  for (const [op, n] of callDeltas(before, after)) calls.set(op, (calls.get(op) ?? 0) + n);
+  let engineMs = 0;
+  for (const op of new Set(after.samples.map((sample) => sample.labels.op ?? ""))) {
+    if (op === "" || OFF_PATH_OPS.has(op)) continue;
+    const sum = (r: typeof before): number => sumOf(r.samples, ENGINE_CALL_SECONDS, { op });
+    engineMs += (sum(after) - sum(before)) * 1000;
   }
+  await bench.removeTasks(shim, [name]);
+  return { elapsedMs, engineMs };
 }
 
 /** The same container created and started directly through the Engine API. */
@@ -106,6 +155,7 @@ export async function runB1(bench: Bench): Promise<Row[]> {
   const trials = bench.quick ? 6 : 30;
   const warmup = bench.quick ? 1 : 2;
   const shim = await bench.startShim();
+  const running = RunningTimes.open(shim);
   const shimTimes: number[] = [];
   const pairedShares: number[] = [];
   const baseTimes: number[] = [];
@@ -122,6 +172,7 @@ export async function runB1(bench: Bench): Promise<Row[]> {
         const trial = await shimTrial(
           bench,
           shim,
+          running,
           bench.name("b1", i),
           i >= warmup ? calls : new Map<string, number>(),
         );
@@ -131,6 +182,7 @@ export async function runB1(bench: Bench): Promise<Row[]> {
       }
     }
   } finally {
+    await running.close();
     await bench.stopShim(shim);
   }
   bench.note(`B1 taskshim submit→running: ${describe(shimTimes, " ms")}`);
