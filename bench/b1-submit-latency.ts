@@ -1,10 +1,9 @@
 import { join } from "node:path";
-import { ShimClient } from "../src/control/shim-client.js";
-import { errorMessage } from "../src/errors/error-message.js";
 import { writeFileDurably } from "../src/state/durable-write.js";
 import type { ShimProcess } from "../test/support/shim-process.js";
 import type { Bench } from "./lib/harness.js";
 import { ratioRow, type Row } from "./lib/report.js";
+import { RunningTimes } from "./lib/running-times.js";
 import { callDeltas, ENGINE_CALL_SECONDS, readMetrics } from "./lib/shim-metrics.js";
 import { sumOf } from "./lib/prometheus.js";
 import { describe, median, round } from "./lib/stats.js";
@@ -24,72 +23,6 @@ interface ShimTrial {
 }
 
 /**
- * When each task became `running`, as the shim's own event stream (`GET /api/events`) stamps the
- * change: the moment the status is in the store, after its durable write, i.e. the first moment a
- * `GET /api/tasks/{id}` answers `running`. A polling client would add its poll's phase (±half
- * the interval) as noise and its CPU to the engine's start it waits for: measured on this kind
- * of machine, a poll every 50 ms slowed the engine's start by ~5 ms, every 20 ms by 15-20 ms,
- * and that would be charged to the shim, since the baseline does not poll. The stream's client is
- * idle between the shim's writes (one per 50 ms at most).
- */
-class RunningTimes {
-  private readonly stop = new AbortController();
-  private readonly times = new Map<string, number>();
-  private readonly failures = new Map<string, string>();
-  private readonly waiters = new Map<string, () => void>();
-  private readonly done: Promise<void>;
-
-  private constructor(client: ShimClient) {
-    this.done = this.follow(client).catch((error: unknown) => {
-      this.failures.set("*", `the event stream failed: ${errorMessage(error)}`);
-      for (const wake of this.waiters.values()) wake();
-    });
-  }
-
-  /** Follows `shim`'s event stream from now on. */
-  static open(shim: ShimProcess): RunningTimes {
-    return new RunningTimes(new ShimClient(shim.url));
-  }
-
-  private async follow(client: ShimClient): Promise<void> {
-    for await (const event of client.events(this.stop.signal)) {
-      if (event.kind !== "changed") continue;
-      if (event.to === "running") this.times.set(event.id, Date.parse(event.time));
-      else if (event.to === "terminated")
-        this.failures.set(event.id, `terminated (${event.termination_reason})`);
-      else continue;
-      this.waiters.get(event.id)?.();
-    }
-  }
-
-  /** The epoch ms at which task `id` became `running`; throws if it terminated or took too long. */
-  async runningAt(id: string): Promise<number> {
-    const deadline = AbortSignal.timeout(RUNNING_TIMEOUT_MS);
-    for (;;) {
-      const time = this.times.get(id);
-      if (time !== undefined) return time;
-      const failure = this.failures.get(id) ?? this.failures.get("*");
-      if (failure !== undefined) throw new Error(`B1 task ${id}: ${failure}`);
-      if (deadline.aborted) throw new Error(`B1 task ${id} not running after ${RUNNING_TIMEOUT_MS} ms`);
-      await new Promise<void>((resolve) => {
-        const wake = (): void => {
-          deadline.removeEventListener("abort", wake);
-          this.waiters.delete(id);
-          resolve();
-        };
-        this.waiters.set(id, wake);
-        deadline.addEventListener("abort", wake, { once: true });
-      });
-    }
-  }
-
-  async close(): Promise<void> {
-    this.stop.abort();
-    await this.done;
-  }
-}
-
-/**
  * submit → `running`: from just before the POST to the moment the shim's event stream stamps
  * `running` (see {@link RunningTimes}; both are this machine's wall clock, in ms). The shim's
  * engine calls in that window are added to `calls` (read from /metrics outside it), and the time
@@ -105,7 +38,7 @@ async function shimTrial(
   const before = await readMetrics(shim);
   const started = Date.now();
   await shim.submit(bench.taskConfig(name, COMMAND));
-  const elapsedMs = (await running.runningAt(name)) - started;
+  const elapsedMs = (await running.runningAt(name, RUNNING_TIMEOUT_MS)) - started;
   const after = await readMetrics(shim);
   for (const [op, n] of callDeltas(before, after)) calls.set(op, (calls.get(op) ?? 0) + n);
   let engineMs = 0;
@@ -155,7 +88,7 @@ export async function runB1(bench: Bench): Promise<Row[]> {
   const trials = bench.quick ? 6 : 30;
   const warmup = bench.quick ? 1 : 2;
   const shim = await bench.startShim();
-  const running = RunningTimes.open(shim);
+  const running = await RunningTimes.open(shim);
   const shimTimes: number[] = [];
   const pairedShares: number[] = [];
   const baseTimes: number[] = [];
