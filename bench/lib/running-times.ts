@@ -26,10 +26,15 @@ export class RunningTimes {
   private readonly done: Promise<void>;
 
   private constructor(client: ShimClient) {
-    this.done = this.follow(client).catch((error: unknown) => {
-      this.failures.set("*", `the event stream failed: ${errorMessage(error)}`);
+    // A stream that ends (the shim stopped) or fails wakes every waiter with the reason.
+    const end = (why: string): void => {
+      this.failures.set("*", why);
       for (const wake of this.waiters.values()) wake();
-    });
+    };
+    this.done = this.follow(client).then(
+      () => end("the event stream ended"),
+      (error: unknown) => end(`the event stream failed: ${errorMessage(error)}`),
+    );
   }
 
   /**
