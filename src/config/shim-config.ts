@@ -35,7 +35,19 @@ export interface ShimConfig {
   readonly passEnv: readonly string[];
   readonly privileged: boolean;
   readonly pjrtDevice: string;
+  /** Service mode (dstack's SSH fleets): write `<home>/host_info.json` at start (host/host-info.ts). */
   readonly serviceMode: boolean;
+  /** dstack-shim's DCGM Exporter port: the exporter the shim runs on NVIDIA hosts listens here. */
+  readonly dcgmExporterHttpPort: number;
+  /** dstack-shim's DCGM Exporter collect interval, in milliseconds. */
+  readonly dcgmExporterIntervalMs: number;
+  /** nv-hostengine's address for libdcgm health; "" = libdcgm embedded, as dstack-shim. */
+  readonly dcgmAddress: string;
+  /**
+   * Let a `dstack-shim` install replace this taskshim with a binary that is not taskshim (dstack's
+   * own shim): off by default, so a server's component check cannot swap the host's agent.
+   */
+  readonly allowShimHandover: boolean;
   readonly gpuFixture: string;
   readonly volumeMountRoot: string;
   /**
@@ -152,7 +164,31 @@ export const SERVE_SETTINGS = {
     help: "force privileged containers",
   },
   pjrtDevice: { flag: "--pjrt-device <value>", env: "PJRT_DEVICE", help: "PJRT_DEVICE for containers (TPU)" },
-  service: { flag: "--service [bool]", env: "DSTACK_SERVICE_MODE", help: "service mode (SSH fleets)" },
+  service: {
+    flag: "--service [bool]",
+    env: "DSTACK_SERVICE_MODE",
+    help: "service mode (SSH fleets): write <home>/host_info.json at start",
+  },
+  dcgmExporterHttpPort: {
+    flag: "--dcgm-exporter-http-port <port>",
+    env: "DSTACK_DCGM_EXPORTER_HTTP_PORT",
+    help: "DCGM Exporter's HTTP port (default 10997)",
+  },
+  dcgmExporterInterval: {
+    flag: "--dcgm-exporter-interval <ms>",
+    env: "DSTACK_DCGM_EXPORTER_INTERVAL",
+    help: "DCGM Exporter's collect interval in milliseconds (default 5000)",
+  },
+  dcgmAddress: {
+    flag: "--dcgm-address <host>",
+    env: "DSTACK_DCGM_ADDRESS",
+    help: "nv-hostengine's address for libdcgm (default: libdcgm embedded)",
+  },
+  allowShimHandover: {
+    flag: "--allow-shim-handover [bool]",
+    env: "TASKSHIM_ALLOW_SHIM_HANDOVER",
+    help: "let a dstack-shim install replace taskshim with a binary that is not taskshim (default false)",
+  },
   gpuFixture: {
     flag: "--gpu-fixture <file>",
     env: "TASKSHIM_GPU_FIXTURE",
@@ -200,6 +236,14 @@ function count(value: string, name: string, max: number): number {
   return n;
 }
 
+function milliseconds(value: string, name: string): number {
+  const n = Number(value.trim());
+  if (!/^\d+$/.test(value.trim()) || n < 1 || n > 86_400_000) {
+    throw new ConfigError(`${name}: expected milliseconds from 1 to 86400000, got ${JSON.stringify(value)}`);
+  }
+  return n;
+}
+
 function oneOf<T extends string>(value: string, name: string, allowed: readonly T[]): T {
   const v = value.trim().toLowerCase();
   if ((allowed as readonly string[]).includes(v)) return v as T;
@@ -209,8 +253,9 @@ function oneOf<T extends string>(value: string, name: string, allowed: readonly 
 function bool(value: string | boolean, name: string): boolean {
   if (typeof value === "boolean") return value;
   const v = value.trim().toLowerCase();
-  if (["1", "true", "yes", "on"].includes(v)) return true;
-  if (["", "0", "false", "no", "off"].includes(v)) return false;
+  // Go's strconv.ParseBool spellings (t, f) too: dstack-shim's environment is read with it.
+  if (["1", "t", "true", "yes", "on"].includes(v)) return true;
+  if (["", "0", "f", "false", "no", "off"].includes(v)) return false;
   throw new ConfigError(`${name}: expected a boolean, got ${JSON.stringify(value)}`);
 }
 
@@ -280,6 +325,16 @@ export function resolveShimConfig(
     privileged: bool(get("privileged") ?? false, "privileged"),
     pjrtDevice: str("pjrtDevice", ""),
     serviceMode: bool(get("service") ?? false, "service"),
+    dcgmExporterHttpPort: port(
+      str("dcgmExporterHttpPort", "10997"),
+      SERVE_SETTINGS.dcgmExporterHttpPort.env,
+    ),
+    dcgmExporterIntervalMs: milliseconds(
+      str("dcgmExporterInterval", "5000"),
+      SERVE_SETTINGS.dcgmExporterInterval.env,
+    ),
+    dcgmAddress: str("dcgmAddress", ""),
+    allowShimHandover: bool(get("allowShimHandover") ?? false, "allow-shim-handover"),
     gpuFixture: str("gpuFixture", ""),
     volumeMountRoot: path("volumeMountRoot", DEFAULT_VOLUME_MOUNT_ROOT),
     adoptUnowned: bool(get("adoptUnowned") ?? false, "adopt-unowned"),
