@@ -1,9 +1,10 @@
 // Cuts a release: checks that CHANGELOG.md has a section for the version, bumps package.json and
 // package-lock.json, commits, tags `vX.Y.Z` (annotated, with the changelog section as its
 // message), and records the tag's commit in releases.json (a clone without tags still finds the
-// release: test/support/releases.ts).
+// release: test/support/releases.ts). Once tagged, it writes the release's binaries, the files of
+// dstack's DSTACK_SHIM_DOWNLOAD_URL, into dist/release/ (scripts/release-artifacts.mjs).
 //   npm run release -- X.Y.Z [--dry-run]
-import { execFileSync } from "node:child_process";
+import { execFileSync, spawnSync } from "node:child_process";
 import { readFileSync, writeFileSync } from "node:fs";
 import { parseArgs } from "node:util";
 import semver from "semver";
@@ -47,6 +48,10 @@ git("add", "package.json", "package-lock.json");
 git("commit", "-q", "-m", `Release ${version}`);
 git("tag", "-a", tag, "-m", `taskshim ${version}\n\n${section}`);
 const commit = git("rev-parse", `${tag}^{commit}`);
+// Built here, while HEAD is the tag's commit and the tree clean: every binary names the commit it
+// was built from (scripts/build.mjs), and the one below only adds releases.json. A failure does
+// not stop the release from being recorded: it says how to build them again.
+const artifacts = spawnSync(process.execPath, ["scripts/release-artifacts.mjs"], { stdio: "inherit" });
 const releases = JSON.parse(readFileSync("releases.json", "utf8"));
 releases.releases.push({ version, tag, commit });
 writeFileSync("releases.json", `${JSON.stringify(releases, null, 2)}\n`);
@@ -55,3 +60,8 @@ git("add", "releases.json");
 git("commit", "-q", "-m", `releases.json: ${version} is ${commit.slice(0, 12)}`);
 console.log(`release: ${tag} at ${commit}. If this release changed the task.json format, add its fixtures:`);
 console.log(`  npx tsx scripts/state-fixtures.ts ${tag}`);
+if (artifacts.status !== 0) {
+  fail(
+    `${tag} is cut, but not its binaries: \`git checkout ${tag} && npm run release:artifacts; git checkout main\``,
+  );
+}
