@@ -37,6 +37,56 @@ describe("CLI errors", () => {
     });
   });
 
+  it("serves with no command (as dstack starts dstack-shim): a bad root flag or value is EX_CONFIG", async () => {
+    expect(await outcome(["--bogus"], [])).toEqual({
+      line: "taskshim: configuration error: unknown option '--bogus' (see taskshim --help)",
+      code: EXIT_CONFIG,
+    });
+    expect(await outcome(["--privileged", "--shim-http-port", "abc"], [])).toEqual({
+      line: 'taskshim: configuration error: DSTACK_SHIM_HTTP_PORT: invalid port "abc"',
+      code: EXIT_CONFIG,
+    });
+  });
+
+  it("takes every flag of dstack-shim's command line at the root, as at serve", () => {
+    const program = buildCli();
+    const serve = program.commands.find((c) => c.name() === "serve");
+    const longs = (options: readonly { long?: string }[]) => options.map((o) => o.long).filter(Boolean);
+    for (const flag of [
+      "--shim-home",
+      "--shim-binary-path",
+      "--shim-http-port",
+      "--shim-log-level",
+      "--runner-download-url",
+      "--runner-binary-path",
+      "--runner-http-port",
+      "--runner-ssh-port",
+      "--runner-ssh-log-level",
+      "--runner-log-level",
+      "--dcgm-exporter-http-port",
+      "--dcgm-exporter-interval",
+      "--dcgm-address",
+      "--pass-env",
+      "--privileged",
+      "--pjrt-device",
+      "--service",
+    ]) {
+      expect(longs(program.options)).toContain(flag);
+      expect(longs(serve?.options ?? [])).toContain(flag);
+    }
+  });
+
+  it("never serves on a misspelt command: one line, exit 1", async () => {
+    expect(await outcome(["sevre"], [])).toEqual({
+      line: "taskshim: unknown command 'sevre' (see taskshim --help)",
+      code: 1,
+    });
+    expect(await outcome(["--privileged", "--pjrt-device=TPU", "stauts"], [])).toEqual({
+      line: "taskshim: unknown command 'stauts' (see taskshim --help)",
+      code: 1,
+    });
+  });
+
   it("keeps any other error on one line", () => {
     expect(describeFailure(new Error("a\n  b"), ["tasks", "get"])).toEqual({
       line: "taskshim: a b",

@@ -1,4 +1,6 @@
 import { readFile } from "node:fs/promises";
+import { resolve } from "node:path";
+import { isSea } from "node:sea";
 import { Command, CommanderError } from "@commander-js/extra-typings";
 import { formatUpgradeTable, upgradeFleet } from "../control/upgrade.js";
 import { ConfigError, resolveShimConfig, SERVE_SETTINGS, type ServeFlags } from "../config/shim-config.js";
@@ -12,10 +14,21 @@ import { EXIT_CONFIG, supervise } from "./supervise.js";
 import { addVersionCommand } from "./version-command.js";
 import { errorMessage } from "../errors/error-message.js";
 
-/** The path of this shim's own executable: the SEA binary, or the bundle run by node. */
+/**
+ * The path of this shim's own executable: the single binary, or the bundle node runs, whatever
+ * its name (dstack installs it as `/usr/local/bin/dstack-shim`).
+ */
 function ownBinaryPath(): string {
   const script = process.argv[1];
-  return script && /taskshim(\.cjs)?$/.test(script) ? script : process.execPath;
+  return isSea() || !script ? process.execPath : resolve(script);
+}
+
+/** Adds every serve flag (dstack-shim's and taskshim's own) to `command`. */
+function addServeOptions<C extends Command>(command: C): C {
+  for (const setting of Object.values(SERVE_SETTINGS)) {
+    command.option(setting.flag, `${setting.help}${setting.help ? " " : ""}[env ${setting.env}]`);
+  }
+  return command;
 }
 
 async function serve(flags: ServeFlags): Promise<void> {
@@ -43,18 +56,31 @@ async function serve(flags: ServeFlags): Promise<void> {
 /** Builds the `taskshim` command line. */
 export function buildCli(): Command {
   const program = new Command("taskshim")
-    .description("A dstack-shim compatible host agent that runs tasks as Docker containers")
+    .description(
+      "A dstack-shim compatible host agent that runs tasks as Docker containers; with no command it serves, as `serve` does",
+    )
     .version(`taskshim version ${VERSION}`, "-v, --version", "print the version")
     // Errors become one `taskshim:` line in main(); the usage is printed only for --help.
     // Both settings are inherited by every command added below.
     .exitOverride()
     .configureOutput({ outputError: () => undefined })
     .enablePositionalOptions();
-  const serveCommand = program.command("serve").description("run the shim against the local Docker Engine");
-  for (const setting of Object.values(SERVE_SETTINGS)) {
-    serveCommand.option(setting.flag, `${setting.help}${setting.help ? " " : ""}[env ${setting.env}]`);
-  }
-  serveCommand.action(async (options) => serve(options));
+  // dstack starts dstack-shim with no subcommand (a systemd unit's bare ExecStart, cloud-init's
+  // `dstack-shim --privileged --pjrt-device=TPU` loop), configured by the environment: the
+  // root command serves as `serve` does. A word left over is a misspelt subcommand, never a
+  // serve (commander would call it "too many arguments").
+  addServeOptions(program)
+    .allowExcessArguments()
+    .action(async (options, command) => {
+      const word = command.args[0];
+      if (word !== undefined) {
+        throw new CommanderError(1, "commander.unknownCommand", `error: unknown command '${word}'`);
+      }
+      await serve(options);
+    });
+  addServeOptions(
+    program.command("serve").description("run the shim against the local Docker Engine"),
+  ).action(async (options) => serve(options));
   addVersionCommand(program);
 
   program
@@ -169,11 +195,17 @@ export function describeFailure(
   error: unknown,
   path: readonly string[],
 ): { readonly line: string; readonly code: number } | { readonly line?: undefined; readonly code: number } {
-  const serving = path[0] === "serve";
+  // No command word is the root command, which serves like `serve`.
+  const serving = path.length === 0 || path[0] === "serve";
   if (error instanceof CommanderError) {
     // --help and --version end here with exit code 0; help shown for a missing subcommand, 1.
     if (error.code === "commander.helpDisplayed" || error.code === "commander.version") return { code: 0 };
     if (error.code === "commander.help") return { code: error.exitCode };
+    // A misspelt command is not a bad serve flag: an error of its own, not EX_CONFIG.
+    if (error.code === "commander.unknownCommand") {
+      const message = error.message.replace(/^error: /, "").replace(/\s*\n\s*/g, " ");
+      return { line: `taskshim: ${message} (see taskshim --help)`, code: 1 };
+    }
     // commander's `option '--timeout <duration>' argument 'abc' is invalid. <why>` → `--timeout: <why>, got "abc"`.
     const invalid = /^error: option '(-[^ ,']+)[^']*' argument '(.*)' is invalid\. (.*)$/s.exec(
       error.message,

@@ -13,7 +13,14 @@ import { EngineIdentity } from "../docker/engine-info.js";
 import { onPath } from "../exec/on-path.js";
 import { BoundedCommandRunner } from "../exec/run-bounded.js";
 import { AuthorizedKeys, HostKeysReconciler, passwdUserLookup } from "../host/authorized-keys.js";
-import { detectGpus } from "../host/gpu-inventory.js";
+import { detectGpus, type GpuInventory } from "../host/gpu-inventory.js";
+import {
+  collectHostInfo,
+  systemHostFacts,
+  type EngineStorageRoot,
+  type HostFacts,
+} from "../host/host-info.js";
+import { HOST_INFO_FILE, writeHostInfo } from "../state/host-info-file.js";
 import { GpuLock } from "../host/gpu-lock.js";
 import { HostVolumes } from "../host/volumes.js";
 import { armFailpoints } from "../runner/failpoints.js";
@@ -30,6 +37,7 @@ import { TaskDirs } from "../state/task-dirs.js";
 import { TaskStore } from "../tasks/task-store.js";
 import { VERSION } from "../version.js";
 import { shimHandoff } from "./connection-handoff.js";
+import type { Logger } from "pino";
 import { createLogger } from "./shim-logger.js";
 import { startHeapTrim } from "./heap-trim.js";
 import type { GlibcMalloc } from "./glibc-malloc.js";
@@ -100,6 +108,32 @@ function listenError(error: unknown, host: string, port: number): StartupError {
         : `cannot listen on ${host}:${port}: ${errorMessage(error)}`,
     { cause: error },
   );
+}
+
+/**
+ * Writes service mode's `host_info.json` (dstack-shim's rules: once per start, only when absent).
+ * Never fails the shim: a full or read-only home is reported by the storage health already, and
+ * the log says what the server will miss.
+ */
+async function publishHostInfo(
+  home: string,
+  inventory: GpuInventory,
+  facts: HostFacts,
+  engine: EngineStorageRoot,
+  log: Logger,
+  signal: AbortSignal,
+): Promise<void> {
+  try {
+    const { info, problems } = await collectHostInfo(inventory, facts, engine, signal);
+    for (const problem of problems)
+      log.warn(problem, "host_info.json: a host fact could not be read; written as 0 or empty");
+    const written = await writeHostInfo(home, info);
+    if (written === "exists")
+      log.info({ file: join(home, HOST_INFO_FILE) }, "host_info.json exists; left as it is");
+    else log.info({ file: join(home, HOST_INFO_FILE), ...info }, "host_info.json written");
+  } catch (error) {
+    log.error({ err: error, file: join(home, HOST_INFO_FILE) }, "cannot write host_info.json (service mode)");
+  }
 }
 
 /**
@@ -352,6 +386,18 @@ export async function startShim(config: ShimConfig, malloc?: GlibcMalloc): Promi
     const probing = storage.run(shutdownController.signal);
     recovery.resumeStarts();
     const stopHeapTrim = startHeapTrim({ releaseMalloc: malloc?.trim });
+    // Service mode: the API answers by the time the file appears (dstack's server reads it, then
+    // asks the healthcheck at once).
+    const hostInfo = config.serviceMode
+      ? publishHostInfo(
+          config.home,
+          inventory,
+          systemHostFacts(commands),
+          docker,
+          log,
+          shutdownController.signal,
+        )
+      : Promise.resolve();
 
     let deadline: ShutdownDeadline | undefined;
     function shutdown(force: boolean): void {
@@ -388,6 +434,7 @@ export async function startShim(config: ShimConfig, malloc?: GlibcMalloc): Promi
           componentCheck: checked,
           starts: runner.awaitStarts(),
           installs: components.settle(),
+          hostInfo,
         });
         stopHomeWatch();
         await lock.release();

@@ -159,6 +159,9 @@ describe("resolveShimConfig: booleans", () => {
     ["true", true],
     ["TRUE", true],
     ["yes", true],
+    // Go's strconv.ParseBool, which dstack-shim reads its environment with.
+    ["t", true],
+    ["F", false],
   ])("DSTACK_DOCKER_PRIVILEGED=%j gives %s", (value, expected) => {
     expect(config({}, { DSTACK_DOCKER_PRIVILEGED: value }).privileged).toBe(expected);
   });
@@ -248,5 +251,38 @@ describe("containerParamsOf", () => {
       privileged: true,
       volumeMountRoot: c.volumeMountRoot,
     });
+  });
+});
+
+describe("resolveShimConfig: dstack-shim's DCGM settings and the shim handover", () => {
+  it("has dstack-shim's defaults: exporter on 10997 every 5000 ms, libdcgm embedded, no handover", () => {
+    const c = config();
+    expect([c.dcgmExporterHttpPort, c.dcgmExporterIntervalMs, c.dcgmAddress]).toEqual([10997, 5000, ""]);
+    expect(c.allowShimHandover).toBe(false);
+  });
+
+  it("takes them from dstack-shim's variables, and a flag beats its variable", () => {
+    const env = {
+      DSTACK_DCGM_EXPORTER_HTTP_PORT: "11997",
+      DSTACK_DCGM_EXPORTER_INTERVAL: "1000",
+      DSTACK_DCGM_ADDRESS: "localhost",
+      TASKSHIM_ALLOW_SHIM_HANDOVER: "1",
+    };
+    const c = config({ dcgmExporterInterval: "250" }, env);
+    expect([c.dcgmExporterHttpPort, c.dcgmExporterIntervalMs, c.dcgmAddress]).toEqual([
+      11997,
+      250,
+      "localhost",
+    ]);
+    expect(c.allowShimHandover).toBe(true);
+  });
+
+  it.each([
+    [{ DSTACK_DCGM_EXPORTER_HTTP_PORT: "0" }, /DSTACK_DCGM_EXPORTER_HTTP_PORT: invalid port "0"/],
+    [{ DSTACK_DCGM_EXPORTER_INTERVAL: "5s" }, /DSTACK_DCGM_EXPORTER_INTERVAL: expected milliseconds/],
+    [{ DSTACK_DCGM_EXPORTER_INTERVAL: "0" }, /DSTACK_DCGM_EXPORTER_INTERVAL: expected milliseconds/],
+    [{ TASKSHIM_ALLOW_SHIM_HANDOVER: "sure" }, /allow-shim-handover: expected a boolean/],
+  ])("refuses %j with a line naming it", (env, message) => {
+    expect(() => config({}, env)).toThrow(message);
   });
 });

@@ -1,3 +1,4 @@
+import type { EngineStorageRoot } from "../host/host-info.js";
 import { createInterface } from "node:readline";
 import { setTimeout as sleep } from "node:timers/promises";
 import type { Readable } from "node:stream";
@@ -47,6 +48,8 @@ export const DOCKER_DEADLINES = {
   ping: 3_000,
   /** `GET /version`: which engine this is (Podman runs conmon and its runtime to answer). */
   version: 5_000,
+  /** `GET /info`: the storage root (service mode's host_info.json). */
+  info: 10_000,
   list: 10_000,
   inspect: 10_000,
   create: 60_000,
@@ -79,7 +82,7 @@ const since = (start: bigint): number => Number(process.hrtime.bigint() - start)
  * deadline to every short call and maps errors to typed ones. No global docker-modem timeout
  * is set: it is a socket-idle timeout that would kill legitimate long polls.
  */
-export class DockerodeClient implements DockerClient, EngineVersionSource {
+export class DockerodeClient implements DockerClient, EngineVersionSource, EngineStorageRoot {
   private readonly docker: Docker;
   /** The engine as last detected: a create with GPUs is translated for it (`hostConfigForEngine`). */
   private engine: EngineInfo | undefined;
@@ -152,6 +155,25 @@ export class DockerodeClient implements DockerClient, EngineVersionSource {
     const detection = parseEngineVersion(body);
     this.engine = detection.info;
     return detection;
+  }
+
+  /**
+   * `GET /info`'s `DockerRootDir`: where the engine keeps images and containers (Podman's
+   * compatible answer names its graph root there). Service mode's `disk_size` is measured on it.
+   */
+  async storageRoot(signal?: AbortSignal): Promise<string> {
+    // @types/dockerode lacks info's options, but dockerode honours `abortSignal` there too.
+    const info = this.docker.info.bind(this.docker) as unknown as (opts: {
+      abortSignal: AbortSignal;
+    }) => Promise<unknown>;
+    const body = await this.call("info", DOCKER_DEADLINES.info, signal, (abortSignal) =>
+      info({ abortSignal }),
+    );
+    const root = (body as { DockerRootDir?: unknown } | null)?.DockerRootDir;
+    if (typeof root !== "string" || !root.startsWith("/")) {
+      throw new Error(`the engine's /info has no DockerRootDir (got ${JSON.stringify(root)})`);
+    }
+    return root;
   }
 
   async listTaskContainers(signal?: AbortSignal): Promise<TaskContainerSummary[]> {

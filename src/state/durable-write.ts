@@ -1,4 +1,4 @@
-import { open, rename, unlink } from "node:fs/promises";
+import { link, open, rename, unlink } from "node:fs/promises";
 import { basename, dirname, join } from "node:path";
 
 let counter = 0;
@@ -47,4 +47,37 @@ export async function syncDirectory(dir: string): Promise<void> {
   } finally {
     await handle.close();
   }
+}
+
+/**
+ * Creates `target` with `data` only if it does not exist, durably: temp file, fsync, a hard link
+ * to the target (which fails if anything is there, a dangling symlink included: never followed
+ * nor replaced), fsync the directory. A crash leaves the complete file or none, never a partial
+ * one. Returns `"exists"` and writes nothing when the target was already there.
+ */
+export async function createFileDurably(
+  target: string,
+  data: string | Uint8Array,
+  mode = 0o600,
+): Promise<"created" | "exists"> {
+  const dir = dirname(target);
+  // Stryker disable next-line UpdateOperator: any change per call keeps the names unique.
+  const temp = join(dir, `${tempFilePrefix(target)}${process.pid}-${++counter}`);
+  const file = await open(temp, "wx", mode);
+  try {
+    try {
+      await file.writeFile(data);
+      await file.sync();
+    } finally {
+      await file.close();
+    }
+    await link(temp, target);
+  } catch (error) {
+    if ((error as NodeJS.ErrnoException).code === "EEXIST") return "exists";
+    throw error;
+  } finally {
+    await unlink(temp).catch(() => undefined);
+  }
+  await syncDirectory(dir);
+  return "created";
 }
