@@ -3,8 +3,9 @@
 //
 // --engine docker (the default): finds the engine (DOCKER_HOST: unix:// or tcp://, else
 // /var/run/docker.sock) and pings it. When it does not answer and we are root on Linux, installs
-// Debian's docker.io (plus busybox-static, docker-registry, apache2-utils, openssh-client and
-// openssh-server for the tests) and starts dockerd detached, logging to /var/log/taskshim-dockerd.log.
+// Debian's docker.io (plus busybox-static, docker-registry, apache2-utils, openssh-client,
+// openssh-server, qemu-user-static and the arm64 cross C++ runtime for the tests) and starts
+// dockerd detached, logging to /var/log/taskshim-dockerd.log.
 //
 // --engine podman: a rootful `podman system service` of the project's own on
 // unix:///run/taskshim-podman/podman.sock, with a private configuration under /var/lib/taskshim-podman
@@ -47,8 +48,13 @@ const VERSION_TIMEOUT_MS = 10_000;
 const APT_UPDATE_TIMEOUT_MS = 5 * 60_000;
 const APT_INSTALL_TIMEOUT_MS = 15 * 60_000;
 const SBIN_DIRS = ["/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"];
+/** Where Debian's *-arm64-cross packages put arm64 shared libraries (an amd64 host needs no multiarch). */
+const ARM64_CROSS_LIB = "/usr/aarch64-linux-gnu/lib";
 
-/** Binary → the Debian package that provides it. `static` means the binary must not need a loader. */
+/**
+ * Binary → the Debian package that provides it. `static` means the binary must not need a loader;
+ * `path` names a file that must exist instead (a library, for which `bin` is only its label).
+ */
 const REQUIRED = [
   { bin: "dockerd", pkg: "docker.io", engine: true },
   { bin: "busybox", pkg: "busybox-static", static: true },
@@ -57,6 +63,12 @@ const REQUIRED = [
   { bin: "ssh", pkg: "openssh-client" },
   // `taskshim fence --ssh` is tested against a real sshd the test starts on a free port.
   { bin: "sshd", pkg: "openssh-server" },
+  // The arm64 release binary (test/release-artifacts.test.ts) runs under user-mode emulation, its
+  // dynamic loader and libraries (the arm64 Node.js's NEEDED: libc, libm, libdl, libpthread,
+  // libstdc++, libgcc_s, libatomic) taken from the cross packages (qemu -L /usr/aarch64-linux-gnu).
+  { bin: "qemu-aarch64-static", pkg: "qemu-user-static" },
+  { bin: "arm64 libstdc++.so.6", path: `${ARM64_CROSS_LIB}/libstdc++.so.6`, pkg: "libstdc++6-arm64-cross" },
+  { bin: "arm64 libatomic.so.1", path: `${ARM64_CROSS_LIB}/libatomic.so.1`, pkg: "libatomic1-arm64-cross" },
 ];
 
 /** What the Podman engine needs beyond the test tools; netavark is not on PATH but in podman's helper dir. */
@@ -506,8 +518,9 @@ function ping(endpoint, timeoutMs = PING_TIMEOUT_MS) {
   });
 }
 
-/** @param {{ bin: string, static?: boolean, dirs?: string[] }} req */
+/** @param {{ bin: string, static?: boolean, dirs?: string[], path?: string }} req */
 function hasBinary(req) {
+  if (req.path !== undefined) return existsSync(req.path);
   const path = findBinary(req.bin, req.dirs);
   if (path === undefined) return false;
   return req.static ? isStaticElf(path) : true;
