@@ -102,10 +102,96 @@ export async function tempHome(prefix = "taskshim-home-"): Promise<string> {
   return mkdtemp(join(tmpdir(), prefix));
 }
 
+/** A small client for a shim's API at `url`; `context()` adds what a failure message shows. */
+export class ShimApi {
+  constructor(
+    readonly url: string,
+    protected readonly context: () => string = () => "",
+  ) {}
+
+  /** One HTTP request; JSON bodies are sent with `application/json`. */
+  async request<T = unknown>(method: string, path: string, body?: unknown): Promise<Answer<T>> {
+    const response = await fetch(`${this.url}${path}`, {
+      method,
+      signal: AbortSignal.timeout(30_000),
+      ...(body === undefined
+        ? {}
+        : {
+            body: typeof body === "string" ? body : JSON.stringify(body),
+            headers: { "content-type": "application/json" },
+          }),
+    });
+    const text = await response.text();
+    let json: unknown = undefined;
+    try {
+      json = JSON.parse(text);
+    } catch {
+      // plain text
+    }
+    return {
+      status: response.status,
+      text,
+      json: json as T,
+      contentType: response.headers.get("content-type") ?? "",
+    };
+  }
+
+  /** Submits a task; throws unless the answer is 200. */
+  async submit(config: Record<string, unknown>): Promise<TaskInfo> {
+    const answer = await this.request<TaskInfo>("POST", "/api/tasks", config);
+    if (answer.status !== 200) throw new Error(`submit failed: ${answer.status} ${answer.text}`);
+    return answer.json;
+  }
+
+  /** The task, or throws unless 200. */
+  async task(id: string): Promise<TaskInfo> {
+    const answer = await this.request<TaskInfo>("GET", `/api/tasks/${id}`);
+    if (answer.status !== 200) throw new Error(`get task ${id}: ${answer.status} ${answer.text}`);
+    return answer.json;
+  }
+
+  /** Polls the task until `predicate` holds. */
+  async waitTask(
+    id: string,
+    predicate: (t: TaskInfo) => boolean,
+    timeoutMs = 30_000,
+    pollMs = 20,
+  ): Promise<TaskInfo> {
+    const deadline = Date.now() + timeoutMs;
+    let last: TaskInfo | undefined;
+    while (Date.now() < deadline) {
+      last = await this.task(id);
+      if (predicate(last)) return last;
+      await sleep(pollMs);
+    }
+    throw new Error(
+      `task ${id} did not reach the expected state; last: ${JSON.stringify(last)}\n${this.context()}`,
+    );
+  }
+
+  /** Waits for a terminal status. */
+  waitTerminated(id: string, timeoutMs = 30_000): Promise<TaskInfo> {
+    return this.waitTask(id, (t) => t.status === "terminated", timeoutMs);
+  }
+
+  /** `POST /api/tasks/{id}/terminate`. */
+  terminate(id: string, reason = "terminated_by_user", message = "", timeout = 0): Promise<Answer<TaskInfo>> {
+    return this.request<TaskInfo>("POST", `/api/tasks/${id}/terminate`, {
+      termination_reason: reason,
+      termination_message: message,
+      timeout,
+    });
+  }
+
+  /** `POST /api/tasks/{id}/remove`. */
+  remove(id: string): Promise<Answer> {
+    return this.request("POST", `/api/tasks/${id}/remove`);
+  }
+}
+
 /** A shim child process and a small client for its API. */
-export class ShimProcess {
+export class ShimProcess extends ShimApi {
   private output = "";
-  readonly url: string;
   private exited: Promise<number | null>;
 
   private constructor(
@@ -113,7 +199,7 @@ export class ShimProcess {
     readonly home: string,
     readonly port: number,
   ) {
-    this.url = `http://127.0.0.1:${port}`;
+    super(`http://127.0.0.1:${port}`, () => this.output);
     child.stdout?.on("data", (chunk: Buffer) => (this.output += chunk.toString("utf8")));
     child.stderr?.on("data", (chunk: Buffer) => (this.output += chunk.toString("utf8")));
     this.exited = new Promise((resolveExit) => child.once("exit", (code) => resolveExit(code)));
@@ -177,85 +263,6 @@ export class ShimProcess {
       await sleep(50);
     }
     throw new Error(`shim not ready within ${timeoutMs} ms:\n${this.output}`);
-  }
-
-  /** One HTTP request; JSON bodies are sent with `application/json`. */
-  async request<T = unknown>(method: string, path: string, body?: unknown): Promise<Answer<T>> {
-    const response = await fetch(`${this.url}${path}`, {
-      method,
-      signal: AbortSignal.timeout(30_000),
-      ...(body === undefined
-        ? {}
-        : {
-            body: typeof body === "string" ? body : JSON.stringify(body),
-            headers: { "content-type": "application/json" },
-          }),
-    });
-    const text = await response.text();
-    let json: unknown = undefined;
-    try {
-      json = JSON.parse(text);
-    } catch {
-      // plain text
-    }
-    return {
-      status: response.status,
-      text,
-      json: json as T,
-      contentType: response.headers.get("content-type") ?? "",
-    };
-  }
-
-  /** Submits a task; throws unless the answer is 200. */
-  async submit(config: Record<string, unknown>): Promise<TaskInfo> {
-    const answer = await this.request<TaskInfo>("POST", "/api/tasks", config);
-    if (answer.status !== 200) throw new Error(`submit failed: ${answer.status} ${answer.text}`);
-    return answer.json;
-  }
-
-  /** The task, or throws unless 200. */
-  async task(id: string): Promise<TaskInfo> {
-    const answer = await this.request<TaskInfo>("GET", `/api/tasks/${id}`);
-    if (answer.status !== 200) throw new Error(`get task ${id}: ${answer.status} ${answer.text}`);
-    return answer.json;
-  }
-
-  /** Polls the task until `predicate` holds. */
-  async waitTask(
-    id: string,
-    predicate: (t: TaskInfo) => boolean,
-    timeoutMs = 30_000,
-    pollMs = 20,
-  ): Promise<TaskInfo> {
-    const deadline = Date.now() + timeoutMs;
-    let last: TaskInfo | undefined;
-    while (Date.now() < deadline) {
-      last = await this.task(id);
-      if (predicate(last)) return last;
-      await sleep(pollMs);
-    }
-    throw new Error(
-      `task ${id} did not reach the expected state; last: ${JSON.stringify(last)}\n${this.output}`,
-    );
-  }
-
-  /** Waits for a terminal status. */
-  waitTerminated(id: string, timeoutMs = 30_000): Promise<TaskInfo> {
-    return this.waitTask(id, (t) => t.status === "terminated", timeoutMs);
-  }
-
-  /** `POST /api/tasks/{id}/terminate`. */
-  terminate(id: string, reason = "terminated_by_user", message = "", timeout = 0): Promise<Answer<TaskInfo>> {
-    return this.request<TaskInfo>("POST", `/api/tasks/${id}/terminate`, {
-      termination_reason: reason,
-      termination_message: message,
-      timeout,
-    });
-  }
-
-  /** `POST /api/tasks/{id}/remove`. */
-  remove(id: string): Promise<Answer> {
-    return this.request("POST", `/api/tasks/${id}/remove`);
   }
 
   /** Waits for the process to exit; returns its exit code. */
