@@ -7,6 +7,7 @@ import { promisify } from "node:util";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { testDocker, testEngine } from "./support/docker.js";
 import { ensureTestImages, type TestImages } from "./support/images.js";
+import { pollUntil } from "./support/service-runner.js";
 import { bundleNodeFlags, SHIM_BUNDLE, ShimProcess, tempHome } from "./support/shim-process.js";
 
 let images: TestImages;
@@ -233,6 +234,32 @@ describe("taskshim serve", () => {
     } finally {
       await shim.stop();
     }
+  });
+
+  it("service mode: host_info.json measures the engine's own storage root, once per start, only when absent", async () => {
+    // Docker's DockerRootDir, Podman's graph root (its compatible /info names it there).
+    const rootDir = ((await testDocker().info()) as { DockerRootDir: string }).DockerRootDir;
+    const shim = await start({ args: ["--service"] });
+    const file = join(shim.home, "host_info.json");
+    try {
+      // Written once the API answers: dstack's server reads it every 3 s.
+      const info = await pollUntil(
+        async () => JSON.parse(await readFile(file, "utf8")) as { disk_size: number },
+        10_000,
+      );
+      const { stdout } = await promisify(execFile)("stat", ["-f", "-c", "%a %S", rootDir]);
+      const [bavail = 0, bsize = 0] = stdout.trim().split(" ").map(Number);
+      expect(info.disk_size).toBeGreaterThan(0);
+      expect(Math.abs(info.disk_size - bavail * bsize)).toBeLessThan(256 * 2 ** 20);
+    } finally {
+      await shim.stop();
+    }
+    // A file already there (dstack's server removes it before a deploy) is left as it is.
+    await writeFile(file, "kept");
+    const again = await start({ home: shim.home, args: ["--service"] });
+    await again.stop();
+    expect(await readFile(file, "utf8")).toBe("kept");
+    expect(again.logs).toContain("host_info.json exists; left as it is");
   });
 
   it("U4 never runs two shims on one home", async () => {
