@@ -295,6 +295,7 @@ export async function startShim(config: ShimConfig, malloc?: GlibcMalloc): Promi
       commands,
       log,
       shutdownController.signal,
+      { home: config.home, allowShimHandover: config.allowShimHandover },
     );
     let stopping: Promise<void> | undefined;
     let resolveStopped!: () => void;

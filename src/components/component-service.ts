@@ -1,16 +1,28 @@
 import { createHash } from "node:crypto";
-import { constants, existsSync, type Stats } from "node:fs";
-import { chmod, open, rename, stat, unlink, type FileHandle } from "node:fs/promises";
+import { createReadStream, existsSync } from "node:fs";
+import { chmod, rename, unlink } from "node:fs/promises";
 import { basename, dirname, join } from "node:path";
-import { fileURLToPath } from "node:url";
 import type { Logger } from "pino";
 import { errorMessage } from "../errors/error-message.js";
-import { deadlineSignal } from "../exec/deadline-signal.js";
-import { OperationBound } from "../exec/operation-bound.js";
 import type { CommandRunner } from "../exec/run-bounded.js";
-import { syncDirectory } from "../state/durable-write.js";
-import { redactUrl, redactUrlsIn } from "./redact-url.js";
 import { logExpected } from "../logging/log-fields.js";
+import { syncDirectory } from "../state/durable-write.js";
+import { BinaryProbe, isExecutableFormat, NOT_INSTALLED, type Observation } from "./binary-probe.js";
+import { ComponentInstallError, ComponentRefusedError } from "./component-errors.js";
+import {
+  COMPONENT_SOURCES_FILE,
+  ComponentSources,
+  sourceRecord,
+  verdictHolds,
+  verdictKey,
+  type SourceRecord,
+  type SourceVerdict,
+} from "./component-sources.js";
+import { download, type DownloadResult } from "./download.js";
+import { fileIdentity, sameFile, type FileIdentity } from "./file-identity.js";
+import { redactUrl, redactUrlsIn } from "./redact-url.js";
+
+export { ComponentInstallError, ComponentRefusedError } from "./component-errors.js";
 
 /** The component names of the wire contract. */
 export type ComponentName = "dstack-runner" | "dstack-shim";
@@ -28,8 +40,8 @@ export interface ComponentInfo {
    */
   readonly build_id?: string;
   /**
-   * taskshim extension: why the last install of this component failed (the status and version
-   * then describe the binary still in place). Cleared when the next install starts.
+   * taskshim extension: why the last install of this component failed or was refused (the status
+   * and version then describe the binary still in place). Cleared when the next install starts.
    */
   readonly error?: string;
 }
@@ -45,52 +57,36 @@ export class ComponentRequestError extends Error {
   }
 }
 
-/** An accepted install that failed: the download, its source, its digest or its verification. */
-export class ComponentInstallError extends Error {
-  override readonly name = "ComponentInstallError";
-}
-
 /** Tuning of a {@link ComponentService}; the defaults are the shim's. */
 export interface ComponentServiceOptions {
   /** The deadline of one download, http(s) or file (default 10 min). */
   readonly downloadTimeoutMs?: number;
+  /**
+   * The shim's home: where each component was last fetched from is kept in
+   * `<home>/component-sources.json`, so a restart does not cost a full download. Without it, in
+   * memory only.
+   */
+  readonly home?: string;
+  /**
+   * Let a `dstack-shim` install replace taskshim with a binary that is not taskshim (dstack's
+   * Go shim). Off: such a download is refused and the binary in place keeps serving.
+   */
+  readonly allowShimHandover?: boolean;
 }
 
 const DOWNLOAD_TIMEOUT_MS = 10 * 60 * 1000;
-const VERSION_TIMEOUT_MS = 10_000;
-/** Output of `<binary> --version`: `<name> version <X>`. */
-const VERSION_LINE = /^(dstack-runner|dstack-shim|taskshim) version (\S+)$/;
-/** The names each component's binary may give in its version line: taskshim is a dstack-shim. */
-const BINARY_NAMES: Record<ComponentName, readonly string[]> = {
-  "dstack-runner": ["dstack-runner"],
-  "dstack-shim": ["dstack-shim", "taskshim"],
-};
-/** A build id as `version --json` may give it: printable ASCII, not a screenful. */
-const BUILD_ID = /^[\x20-\x7e]{1,256}$/;
-const READ_CHUNK_BYTES = 64 * 1024;
-const ELF_MAGIC = Buffer.from([0x7f, 0x45, 0x4c, 0x46]);
-
-/** What a look at a binary found: what the slot reports, and why it is not installed. */
-interface Observation {
-  readonly status: "not-installed" | "installed" | "error";
-  readonly version: string;
-  readonly buildId?: string;
-  /** Why the file does not count as this component's binary (for an install's error). */
-  readonly problem?: string;
-}
-
-const NOT_INSTALLED: Observation = { status: "not-installed", version: "" };
-
 interface ComponentSlot {
   readonly name: ComponentName;
   readonly path: string;
   status: ComponentStatus;
   version: string;
   buildId: string | undefined;
+  /** The file the status and version were observed on: while it is unchanged, they hold. */
+  identity: FileIdentity | undefined;
   /** The last install's failure, until the next install starts. */
   error: string | undefined;
-  /** The URL (and digest) of the last successful install, to skip a repeated one (#3953). */
-  installedFrom?: string;
+  /** The last verdict logged at info or above: the same one again is logged at debug. */
+  announced: string | undefined;
   /**
    * Bumped when an install starts and when it ends. A version check writes its result only if
    * the generation is still the one it began under: an install that started meanwhile owns the
@@ -99,18 +95,35 @@ interface ComponentSlot {
   generation: number;
 }
 
-/** A download's body, one chunk at a time. */
-interface ChunkSource {
-  /** The next chunk, or undefined at the end. */
-  next(): Promise<Uint8Array | undefined>;
-  /** Releases the source without waiting for it (a read may still be stuck in it). */
-  close(): void;
-}
-
 /** How far an install got: once renamed, the target is the verified download. */
 interface InstallProgress {
   renamed?: Observation;
 }
+
+/**
+ * How an install ended; `seen` is what the slot reports afterwards.
+ *
+ * - `installed`: new bytes, verified and renamed over the target;
+ * - `unchanged`: the source's bytes are the binary in place (a `304` to the conditional request,
+ *   or a `200` with the same sha256): nothing renamed;
+ * - `refused`: the bytes failed a check that depends on them alone (remembered, see
+ *   {@link ComponentRefusedError}); the target is untouched;
+ * - `failed`: anything else (the download, a `--version` that could not run, the disk).
+ */
+type InstallEnd =
+  | { readonly kind: "installed"; readonly seen: Observation }
+  | { readonly kind: "unchanged"; readonly seen: Observation; readonly why: "not-modified" | "same-bytes" }
+  | {
+      readonly kind: "refused";
+      readonly seen: Observation;
+      readonly refusal: ComponentRefusedError;
+      /** The refused URL, bytes and reason: logged once, repeats at debug. */
+      readonly verdictKey: string;
+    }
+  | { readonly kind: "failed"; readonly seen: Observation; readonly error: unknown };
+
+/** What a download fetched: its digest and size, and the validators to ask with next time. */
+type Fetched = Extract<DownloadResult, { kind: "fetched" }>;
 
 /**
  * The dstack-runner and dstack-shim binaries on this host: their versions, and background installs.
@@ -118,16 +131,25 @@ interface InstallProgress {
  * the temp's `--version` (mode 0700), and only a binary that printed this component's version line
  * is made 0755, renamed over the target (a running process keeps the old inode) and the directory
  * fsynced. Anything else leaves the target as it was, and the slot reports what is there.
+ *
+ * The same bytes at the same URL cost at most a conditional request: each component remembers
+ * (in the home, across restarts) the validators of the URL it last fetched, the sha256 of the
+ * bytes and the verdict on them; a `304` ends the install with the slot as it is, and a `200`
+ * whose bytes are the binary in place renames nothing. A dstack-shim download that is not
+ * taskshim is refused unless `allowShimHandover`.
  */
 export class ComponentService {
   private readonly slots: Record<ComponentName, ComponentSlot>;
   private readonly installs = new Set<Promise<void>>();
   private checked: Promise<void> = Promise.resolve();
   private readonly downloadTimeoutMs: number;
+  private readonly allowShimHandover: boolean;
+  private readonly sources: ComponentSources;
+  private readonly binaries: BinaryProbe;
 
   constructor(
     paths: { runner: string; shim: string },
-    private readonly commands: CommandRunner,
+    commands: CommandRunner,
     private readonly log: Logger,
     private readonly shutdown: AbortSignal,
     options: ComponentServiceOptions = {},
@@ -138,7 +160,9 @@ export class ComponentService {
       status: "not-installed",
       version: "",
       buildId: undefined,
+      identity: undefined,
       error: undefined,
+      announced: undefined,
       generation: 0,
     });
     this.slots = {
@@ -146,6 +170,12 @@ export class ComponentService {
       "dstack-shim": slot("dstack-shim", paths.shim),
     };
     this.downloadTimeoutMs = options.downloadTimeoutMs ?? DOWNLOAD_TIMEOUT_MS;
+    this.allowShimHandover = options.allowShimHandover ?? false;
+    this.binaries = new BinaryProbe(commands);
+    this.sources = new ComponentSources(
+      options.home !== undefined ? join(options.home, COMPONENT_SOURCES_FILE) : undefined,
+      log,
+    );
   }
 
   /**
@@ -184,7 +214,11 @@ export class ComponentService {
     }));
   }
 
-  /** Validates a request and starts the install in the background. */
+  /**
+   * Validates a request and starts the install in the background. Every accepted request starts
+   * one (there is no "already installed" answer): the install itself asks the source whether
+   * its bytes changed, which is cheap when they did not.
+   */
   install(name: unknown, url: unknown, sha256: unknown): void {
     if (typeof name !== "string" || name === "") throw new ComponentRequestError("invalid", "empty name");
     if (name !== "dstack-runner" && name !== "dstack-shim")
@@ -208,18 +242,11 @@ export class ComponentService {
     }
     const slot = this.slots[name];
     if (slot.status === "installing") throw new ComponentRequestError("busy", "already installing");
-    const source = `${url}#${typeof sha256 === "string" ? sha256.toLowerCase() : ""}`;
-    if (slot.status === "installed" && slot.installedFrom === source) {
-      this.log.info(
-        { component: name, url: redactUrl(url) },
-        "component already installed from this url; not downloading again",
-      );
-      return;
-    }
     const before: Observation = {
       status: slot.status,
       version: slot.version,
       ...(slot.buildId !== undefined ? { buildId: slot.buildId } : {}),
+      ...(slot.identity !== undefined ? { identity: slot.identity } : {}),
     };
     // The install owns the slot from here: a version check under way drops its result.
     slot.generation += 1;
@@ -231,7 +258,6 @@ export class ComponentService {
       slot,
       parsed,
       typeof sha256 === "string" ? sha256.toLowerCase() : undefined,
-      source,
       before,
     )
       .catch((error: unknown) => {
@@ -239,6 +265,7 @@ export class ComponentService {
         // slot never stays "installing" (which would answer every later install 409).
         slot.generation += 1;
         slot.status = "error";
+        slot.identity = undefined;
         slot.error = redactUrlsIn(errorMessage(error));
         this.log.error({ component: name, err: error }, "component install failed unexpectedly");
       })
@@ -252,85 +279,254 @@ export class ComponentService {
   }
 
   /**
-   * One install from start to end: on success the slot reports the verified binary, on failure
-   * the binary in place (re-checked) and the failure in `error` and the log.
+   * One install from start to end: the slot then reports what is at the target (the new binary,
+   * or the one in place), a refusal or failure in `error`, and the log says what happened.
    */
   private async runInstall(
     slot: ComponentSlot,
     url: URL,
     sha256: string | undefined,
-    source: string,
     before: Observation,
   ): Promise<void> {
-    const fields = { component: slot.name, url: redactUrl(url.href) };
     const progress: InstallProgress = {};
-    let seen: Observation;
-    let failure: unknown;
+    let end: InstallEnd;
     try {
-      seen = await this.installVerified(slot, url, sha256, progress);
+      end = await this.installFrom(slot, url, sha256, before, progress);
     } catch (error) {
-      failure = error;
-      seen = await this.inPlaceAfterFailure(slot, progress, before);
+      end = { kind: "failed", error, seen: await this.inPlaceAfterFailure(slot, progress, before) };
     }
     // The install ends: a check that began during it ran a binary that may be gone.
     slot.generation += 1;
-    this.apply(slot, seen);
-    if (failure === undefined) {
-      slot.installedFrom = source;
-      this.log.info(
-        { component: slot.name, version: seen.version, ...(seen.buildId ? { build_id: seen.buildId } : {}) },
-        "component installed",
-      );
-      return;
-    }
-    slot.error = redactUrlsIn(errorMessage(failure));
-    logExpected(
-      this.log,
-      "error",
-      { ...fields, in_place: { status: seen.status, version: seen.version } },
-      failure,
-      "component install failed",
-    );
+    this.apply(slot, end.seen);
+    this.report(slot, url, end);
   }
 
-  /** Downloads, verifies, and renames over the target; throws with the target untouched. */
-  private async installVerified(
+  /** Logs how an install ended, and sets the slot's `error`. */
+  private report(slot: ComponentSlot, url: URL, end: InstallEnd): void {
+    const fields = { component: slot.name, url: redactUrl(url.href) };
+    const inPlace = { in_place: { status: end.seen.status, version: end.seen.version } };
+    switch (end.kind) {
+      case "installed":
+        slot.announced = undefined;
+        this.log.info(
+          {
+            component: slot.name,
+            version: end.seen.version,
+            ...(end.seen.buildId ? { build_id: end.seen.buildId } : {}),
+          },
+          "component installed",
+        );
+        return;
+      case "unchanged":
+        // A dstack server posts this install at every instance check: one line per check would
+        // drown the log. The first time a download is found to be the binary in place is news.
+        if (end.why === "same-bytes" && slot.announced !== `same:${fields.url}`) {
+          slot.announced = `same:${fields.url}`;
+          this.log.info(
+            { ...fields, version: end.seen.version },
+            "component download is the binary in place; kept",
+          );
+        } else {
+          this.log.debug(
+            { ...fields, version: end.seen.version, why: end.why },
+            "component unchanged at its source",
+          );
+        }
+        return;
+      case "refused": {
+        slot.error = end.refusal.message;
+        const identity = end.refusal.rule === "identity";
+        const message = identity ? "component install refused" : "component install failed";
+        if (slot.announced === end.verdictKey) {
+          this.log.debug({ ...fields, ...inPlace, error: end.refusal.message }, `${message} (again)`);
+          return;
+        }
+        slot.announced = end.verdictKey;
+        logExpected(this.log, identity ? "warn" : "error", { ...fields, ...inPlace }, end.refusal, message);
+        return;
+      }
+      case "failed":
+        slot.error = redactUrlsIn(errorMessage(end.error));
+        logExpected(this.log, "error", { ...fields, ...inPlace }, end.error, "component install failed");
+        return;
+    }
+  }
+
+  /**
+   * Asks the source (conditionally when a remembered verdict on this URL still holds) and decides:
+   * unchanged, refused, or verified and renamed over the target. Throws on anything that is no
+   * verdict on the bytes (a failed download, a `--version` that could not run, the disk).
+   */
+  private async installFrom(
     slot: ComponentSlot,
     url: URL,
     sha256: string | undefined,
+    before: Observation,
     progress: InstallProgress,
-  ): Promise<Observation> {
-    const dir = dirname(slot.path);
-    const temp = join(dir, `.${basename(slot.path)}.download-${process.pid}-${Date.now()}`);
+  ): Promise<InstallEnd> {
+    const record = await this.sources.get(slot.name);
+    const target = await fileIdentity(slot.path);
+    const asked = { url: url.href, sha256, target, allowShimHandover: this.allowShimHandover };
+    const known = record !== undefined && verdictHolds(record, asked) ? record : undefined;
+    const temp = join(dirname(slot.path), `.${basename(slot.path)}.download-${process.pid}-${Date.now()}`);
     try {
-      const digest = await this.download(url, temp);
-      if (sha256 !== undefined && digest !== sha256) {
-        throw new ComponentInstallError(`sha256 mismatch: expected ${sha256}, got ${digest}`);
+      const got = await download({
+        url,
+        temp,
+        shutdown: this.shutdown,
+        timeoutMs: this.downloadTimeoutMs,
+        ...(known !== undefined ? { ifChanged: known.validators } : {}),
+      });
+      if (got.kind === "not-modified") {
+        // download() answers not-modified only to a request that carried validators.
+        if (known === undefined)
+          throw new ComponentInstallError("download failed: HTTP 304 to a plain request");
+        return await this.fromVerdict(slot, known, before);
       }
-      // Node's spawn, like execvp, hands a file the kernel cannot execute (ENOEXEC) to /bin/sh:
-      // an error page or a copied text file would be run as a shell script, as the shim's user.
-      if (!(await isExecutableFormat(temp))) {
-        throw new ComponentInstallError(
-          `the download is not a ${slot.name} binary: neither an ELF executable nor a #! script`,
-        );
-      }
-      // Runnable by its owner alone while unverified: it may be anything (an error page, a copy
-      // of a file nobody else may read), and it must not be readable by others meanwhile.
-      await chmod(temp, 0o700);
-      const seen = await this.probe(slot.name, temp);
-      if (seen.status !== "installed") {
-        throw new ComponentInstallError(
-          `the download is not a ${slot.name} binary: ${seen.problem ?? "it reports no version"}`,
-        );
-      }
-      await chmod(temp, 0o755);
-      await rename(temp, slot.path);
-      progress.renamed = seen;
-      await syncDirectory(dir);
-      return seen;
+      return await this.judge(slot, url, sha256, got, { record, known, target, before, temp, progress });
     } finally {
       if (!progress.renamed) await unlink(temp).catch(() => undefined);
     }
+  }
+
+  /** The source's bytes did not change (`304`): the remembered verdict stands, nothing is run. */
+  private async fromVerdict(
+    slot: ComponentSlot,
+    record: SourceRecord,
+    before: Observation,
+  ): Promise<InstallEnd> {
+    const verdict = record.verdict;
+    if (verdict.kind === "installed") {
+      // The target is still the file that verdict installed (holds() checked it).
+      const seen: Observation = {
+        status: "installed",
+        version: verdict.version,
+        ...(verdict.buildId !== undefined ? { buildId: verdict.buildId } : {}),
+        identity: verdict.target,
+      };
+      return { kind: "unchanged", why: "not-modified", seen };
+    }
+    return {
+      kind: "refused",
+      refusal: new ComponentRefusedError(verdict.rule, verdict.reason),
+      seen: await this.inPlace(slot, before),
+      verdictKey: verdictKey(record),
+    };
+  }
+
+  /** New bytes (a `200`): the same as in place, refused, or verified and renamed over the target. */
+  private async judge(
+    slot: ComponentSlot,
+    url: URL,
+    sha256: string | undefined,
+    got: Fetched,
+    at: {
+      readonly record: SourceRecord | undefined;
+      readonly known: SourceRecord | undefined;
+      readonly target: FileIdentity | undefined;
+      readonly before: Observation;
+      readonly temp: string;
+      readonly progress: InstallProgress;
+    },
+  ): Promise<InstallEnd> {
+    const remember = async (verdict: SourceVerdict): Promise<SourceRecord> => {
+      const record = sourceRecord(url.href, sha256, got, verdict);
+      await this.sources.put(slot.name, record);
+      return record;
+    };
+    try {
+      if (sha256 !== undefined && got.sha256 !== sha256) {
+        throw new ComponentRefusedError("sha256", `sha256 mismatch: expected ${sha256}, got ${got.sha256}`);
+      }
+      // A source without validators sends every byte again: bytes refused before are not run again.
+      if (at.known?.verdict.kind === "refused" && at.known.sha256 === got.sha256) {
+        throw new ComponentRefusedError(at.known.verdict.rule, at.known.verdict.reason);
+      }
+      // The bytes of the binary in place (dstack's deploy fetched this very file; a source
+      // without validators): nothing to replace, and a rename would only change the inode.
+      const same = await this.sameAsInPlace(slot, got, at.record, at.target, at.before);
+      if (same?.identity !== undefined) {
+        await remember({ kind: "installed", target: same.identity, ...installedOf(same) });
+        return { kind: "unchanged", why: "same-bytes", seen: same };
+      }
+      const verified = await this.verify(slot, url, at.temp);
+      await chmod(at.temp, 0o755);
+      await rename(at.temp, slot.path);
+      at.progress.renamed = verified;
+      await syncDirectory(dirname(slot.path));
+      const target = await fileIdentity(slot.path);
+      const seen: Observation = { ...verified, ...(target !== undefined ? { identity: target } : {}) };
+      at.progress.renamed = seen;
+      if (target !== undefined) await remember({ kind: "installed", target, ...installedOf(seen) });
+      return { kind: "installed", seen };
+    } catch (error) {
+      if (!(error instanceof ComponentRefusedError)) throw error;
+      const record = await remember({ kind: "refused", rule: error.rule, reason: error.message });
+      return {
+        kind: "refused",
+        refusal: error,
+        seen: await this.inPlace(slot, at.before),
+        verdictKey: verdictKey(record),
+      };
+    }
+  }
+
+  /**
+   * The binary in place when it is an installed binary with the bytes fetched. Its sha256 is the
+   * remembered one while the target is the file that was installed, else it is read (once per
+   * new download, and only when the sizes match).
+   */
+  private async sameAsInPlace(
+    slot: ComponentSlot,
+    got: Fetched,
+    record: SourceRecord | undefined,
+    target: FileIdentity | undefined,
+    before: Observation,
+  ): Promise<Observation | undefined> {
+    if (target === undefined || target.size !== String(got.size)) return undefined;
+    const remembered =
+      record?.verdict.kind === "installed" && sameFile(record.verdict.target, target)
+        ? record.sha256
+        : undefined;
+    const inPlace = remembered ?? (await sha256Of(slot.path).catch(() => undefined));
+    if (inPlace !== got.sha256) return undefined;
+    const seen = await this.inPlace(slot, before);
+    return seen.status === "installed" ? seen : undefined;
+  }
+
+  /**
+   * Checks a download in its temp file: a binary of this component, and for dstack-shim a
+   * taskshim unless handover is allowed. Throws a {@link ComponentRefusedError} for what the
+   * bytes are, a {@link ComponentInstallError} when its `--version` could not be asked.
+   */
+  private async verify(slot: ComponentSlot, url: URL, temp: string): Promise<Observation> {
+    // Node's spawn, like execvp, hands a file the kernel cannot execute (ENOEXEC) to /bin/sh:
+    // an error page or a copied text file would be run as a shell script, as the shim's user.
+    if (!(await isExecutableFormat(temp))) {
+      throw new ComponentRefusedError(
+        "content",
+        `the download is not a ${slot.name} binary: neither an ELF executable nor a #! script`,
+      );
+    }
+    // Runnable by its owner alone while unverified: it may be anything (an error page, a copy
+    // of a file nobody else may read), and it must not be readable by others meanwhile.
+    await chmod(temp, 0o700);
+    const seen = await this.binaries.probe(slot.name, temp);
+    if (seen.status !== "installed") {
+      const message = `the download is not a ${slot.name} binary: ${seen.problem?.message ?? "it reports no version"}`;
+      throw seen.problem?.kind === "content"
+        ? new ComponentRefusedError("content", message)
+        : new ComponentInstallError(message);
+    }
+    // The running shim is taskshim: a dstack-shim that is not one would take its place at the
+    // next restart, and dstack's server restarts it into another product (docs/operations.md).
+    if (slot.name === "dstack-shim" && seen.binary !== "taskshim" && !this.allowShimHandover) {
+      throw new ComponentRefusedError(
+        "identity",
+        `refused: ${redactUrl(url.href)} is ${seen.binary ?? "unknown"} ${seen.version}, not taskshim (allow with --allow-shim-handover)`,
+      );
+    }
+    return seen;
   }
 
   /** What is at the target after a failed install: what is there, not a blanket `error`. */
@@ -341,122 +537,24 @@ export class ComponentService {
   ): Promise<Observation> {
     // Failed after the rename (the directory's fsync): the target is the verified download.
     if (progress.renamed) return progress.renamed;
-    // Shutting down: run nothing more. The target was not touched, so it is what it was.
-    if (this.shutdown.aborted) return existsSync(slot.path) ? before : NOT_INSTALLED;
-    return this.probe(slot.name, slot.path);
-  }
-
-  /** Downloads `url` into a new 0600 file `temp` under the download deadline; returns its sha256. */
-  private async download(url: URL, temp: string): Promise<string> {
-    using deadline = deadlineSignal(this.shutdown, this.downloadTimeoutMs);
-    const signal = deadline.signal;
-    const hash = createHash("sha256");
-    // The temp file first: nothing is opened at the source that a failure here would leave open.
-    const file = await open(temp, "wx", 0o600);
-    let source: ChunkSource | undefined;
-    try {
-      const opening = url.protocol === "file:" ? this.fileSource(url) : this.httpSource(url, signal);
-      source = await untilAborted(opening, signal).catch((error: unknown) => {
-        // An open that ends after we gave up on it is closed then.
-        void opening.then(
-          (late) => late.close(),
-          () => undefined,
-        );
-        throw error;
-      });
-      for (;;) {
-        // Each read races the signal: a peer that stalls mid-body, or a read stuck in the kernel,
-        // cannot hold the install past its deadline or the shim's shutdown.
-        const chunk = await untilAborted(source.next(), signal);
-        if (chunk === undefined) break;
-        hash.update(chunk);
-        await file.write(chunk);
-      }
-      await file.sync();
-    } catch (error) {
-      if (signal.aborted) {
-        throw this.shutdown.aborted
-          ? new ComponentInstallError("shim shutting down", { cause: this.shutdown.reason })
-          : new ComponentInstallError(`download did not finish within ${this.downloadTimeoutMs} ms`, {
-              cause: error,
-            });
-      }
-      throw error;
-    } finally {
-      source?.close();
-      await file.close();
-    }
-    return hash.digest("hex");
-  }
-
-  /** An HTTP(S) answer's body; the signal aborts the request and the body. */
-  private async httpSource(url: URL, signal: AbortSignal): Promise<ChunkSource> {
-    let response: Response;
-    try {
-      response = await fetch(url, { signal, redirect: "follow" });
-    } catch (error) {
-      const cause =
-        error instanceof Error && error.cause !== undefined ? `: ${errorMessage(error.cause)}` : "";
-      throw new ComponentInstallError(redactUrlsIn(`download failed: ${errorMessage(error)}${cause}`), {
-        cause: error,
-      });
-    }
-    const body = response.body;
-    if (response.status !== 200 || !body) {
-      void body?.cancel().catch(() => undefined);
-      throw new ComponentInstallError(`download failed: HTTP ${response.status}`);
-    }
-    // Node's types give fetch's body as a stream of `any`; it is bytes.
-    const reader = (body as ReadableStream<Uint8Array>).getReader();
-    return {
-      next: async () => {
-        const { done, value } = await reader.read();
-        return done ? undefined : value;
-      },
-      close: () => void reader.cancel().catch(() => undefined),
-    };
+    return this.inPlace(slot, before);
   }
 
   /**
-   * A local regular file. Anything else is refused before a byte is read: a FIFO (its open waits
-   * for a writer, and a writer that closes at once makes an empty binary), a device (/dev/zero
-   * never ends; opening some acts on them), a directory.
+   * The binary in place, which the install did not touch: as observed before it while the file
+   * is the same (no `--version` run at every check of a dstack server), else checked again.
    */
-  private async fileSource(url: URL): Promise<ChunkSource> {
-    let path: string;
-    try {
-      path = fileURLToPath(url);
-    } catch (error) {
-      throw new ComponentInstallError(`invalid file url: ${errorMessage(error)}`, { cause: error });
-    }
-    const unreadable = (error: unknown): ComponentInstallError =>
-      new ComponentInstallError(`cannot read ${path}: ${errorMessage(error)}`, { cause: error });
-    const kind = await stat(path).catch((error: unknown) => {
-      throw unreadable(error);
-    });
-    if (!kind.isFile()) throw new ComponentInstallError(`${path} is not a regular file (${fileKind(kind)})`);
-    // The path may have been replaced since: O_NONBLOCK keeps the open of a FIFO from waiting for
-    // a writer, O_NOCTTY a terminal from becoming ours, and the fstat of what was opened decides.
-    const handle = await open(path, constants.O_RDONLY | constants.O_NONBLOCK | constants.O_NOCTTY).catch(
-      (error: unknown) => {
-        throw unreadable(error);
-      },
-    );
-    const opened = await handle.stat().catch(async (error: unknown) => {
-      await handle.close();
-      throw unreadable(error);
-    });
-    if (!opened.isFile()) {
-      await handle.close();
-      throw new ComponentInstallError(`${path} is not a regular file (${fileKind(opened)})`);
-    }
-    return fileChunks(handle);
+  private async inPlace(slot: ComponentSlot, before: Observation): Promise<Observation> {
+    if (sameFile(before.identity, await fileIdentity(slot.path))) return before;
+    // Shutting down: run nothing more. The target was not touched, so it is what it was.
+    if (this.shutdown.aborted) return existsSync(slot.path) ? before : NOT_INSTALLED;
+    return this.binaries.probe(slot.name, slot.path);
   }
 
   /** Checks the slot's binary in place, unless an install started or ended meanwhile. */
   private async check(slot: ComponentSlot): Promise<void> {
     const generation = slot.generation;
-    const seen = await this.probe(slot.name, slot.path);
+    const seen = await this.binaries.probe(slot.name, slot.path);
     if (slot.generation !== generation) return;
     this.apply(slot, seen);
   }
@@ -465,131 +563,18 @@ export class ComponentService {
     slot.status = seen.status;
     slot.version = seen.version;
     slot.buildId = seen.buildId;
-  }
-
-  /**
-   * Looks at a binary: missing, this component's (its `--version` printed its version line, under
-   * one 10 s deadline with the build id's step), or something else. Never throws.
-   */
-  private async probe(name: ComponentName, path: string): Promise<Observation> {
-    try {
-      await stat(path);
-    } catch (error) {
-      const code = (error as NodeJS.ErrnoException).code;
-      if (code === "ENOENT" || code === "ENOTDIR") return NOT_INSTALLED;
-      return { status: "error", version: "", problem: `cannot stat it: ${errorMessage(error)}` };
-    }
-    const bound = OperationBound.within(VERSION_TIMEOUT_MS);
-    const ran = await this.run([path, "--version"], bound);
-    if ("problem" in ran) return { status: "error", version: "", problem: `--version: ${ran.problem}` };
-    const line = ran.stdout.trim();
-    const match = VERSION_LINE.exec(line);
-    const [, binaryName = "", version = ""] = match ?? [];
-    if (!match) {
-      return {
-        status: "error",
-        version: "",
-        problem: `--version printed ${JSON.stringify(line.slice(0, 120))}`,
-      };
-    }
-    if (!BINARY_NAMES[name].includes(binaryName)) {
-      return { status: "error", version: "", problem: `it is ${binaryName} (--version printed "${line}")` };
-    }
-    // Only a taskshim is asked: a Go dstack-shim has no `version` command, and given unknown
-    // arguments it would start serving.
-    const buildId = binaryName === "taskshim" ? await this.buildId(path, bound) : undefined;
-    return { status: "installed", version, ...(buildId !== undefined ? { buildId } : {}) };
-  }
-
-  /** The `build_id` of `<binary> version --json`; undefined when it fails or has none (older releases). */
-  private async buildId(path: string, bound: OperationBound): Promise<string | undefined> {
-    const ran = await this.run([path, "version", "--json"], bound);
-    if ("problem" in ran) return undefined;
-    try {
-      const parsed: unknown = JSON.parse(ran.stdout);
-      if (typeof parsed !== "object" || parsed === null || !("build_id" in parsed)) return undefined;
-      const id = parsed.build_id;
-      return typeof id === "string" && BUILD_ID.test(id) ? id : undefined;
-    } catch {
-      return undefined;
-    }
-  }
-
-  /** Runs a check command under `bound`: its stdout when it exited 0, else what went wrong. */
-  private async run(
-    argv: readonly string[],
-    bound: OperationBound,
-  ): Promise<{ readonly stdout: string } | { readonly problem: string }> {
-    try {
-      const outcome = await this.commands.run({ argv, bound });
-      switch (outcome.kind) {
-        case "exited":
-          if (outcome.code === 0) return { stdout: outcome.stdout.toString("utf8") };
-          return {
-            problem:
-              outcome.code === null
-                ? `killed by ${outcome.signal ?? "a signal"}`
-                : `exit status ${outcome.code}`,
-          };
-        case "expired":
-          return { problem: `did not finish within ${VERSION_TIMEOUT_MS} ms` };
-        case "interrupted":
-          return { problem: "interrupted by shutdown" };
-      }
-    } catch (error) {
-      return { problem: errorMessage(error) };
-    }
+    slot.identity = seen.identity;
   }
 }
 
-/** Reads an open regular file to its end, one chunk at a time. */
-function fileChunks(handle: FileHandle): ChunkSource {
-  return {
-    next: async () => {
-      const buffer = Buffer.allocUnsafe(READ_CHUNK_BYTES);
-      const { bytesRead } = await handle.read(buffer, 0, buffer.length, null);
-      return bytesRead === 0 ? undefined : buffer.subarray(0, bytesRead);
-    },
-    // A read still stuck in the kernel keeps the handle until it returns; Node closes it then.
-    close: () => void handle.close().catch(() => undefined),
-  };
+/** The sha256 of a file, read in full. */
+async function sha256Of(path: string): Promise<string> {
+  const hash = createHash("sha256");
+  for await (const chunk of createReadStream(path)) hash.update(chunk as Buffer);
+  return hash.digest("hex");
 }
 
-/** Whether a file starts as an ELF executable (`\x7fELF`) or a script (`#!`) does. */
-async function isExecutableFormat(path: string): Promise<boolean> {
-  const handle = await open(path, "r");
-  try {
-    const head = Buffer.alloc(4);
-    const { bytesRead } = await handle.read(head, 0, head.length, 0);
-    const start = head.subarray(0, bytesRead);
-    return start.equals(ELF_MAGIC) || start.subarray(0, 2).toString("latin1") === "#!";
-  } finally {
-    await handle.close();
-  }
-}
-
-/** What a non-regular file is, for the refusal's message. */
-function fileKind(stats: Stats): string {
-  if (stats.isFIFO()) return "a FIFO";
-  if (stats.isCharacterDevice()) return "a character device";
-  if (stats.isBlockDevice()) return "a block device";
-  if (stats.isDirectory()) return "a directory";
-  if (stats.isSocket()) return "a socket";
-  return "not a file";
-}
-
-/**
- * `work`, or the signal's abort as soon as it comes: the caller stops waiting for an operation
- * that may never settle (the operation itself is left to settle on its own).
- */
-function untilAborted<T>(work: Promise<T>, signal: AbortSignal): Promise<T> {
-  if (signal.aborted) {
-    work.catch(() => undefined);
-    return Promise.reject(signal.reason as Error);
-  }
-  return new Promise<T>((resolve, reject) => {
-    const onAbort = (): void => reject(signal.reason as Error);
-    signal.addEventListener("abort", onAbort, { once: true });
-    work.finally(() => signal.removeEventListener("abort", onAbort)).then(resolve, reject);
-  });
+/** The version and build id an "installed" verdict remembers. */
+function installedOf(seen: Observation): { version: string; buildId?: string } {
+  return { version: seen.version, ...(seen.buildId !== undefined ? { buildId: seen.buildId } : {}) };
 }
