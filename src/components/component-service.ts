@@ -397,7 +397,7 @@ export class ComponentService {
   ): Promise<InstallEnd> {
     const verdict = record.verdict;
     if (verdict.kind === "installed") {
-      // The target is still the file that verdict installed (holds() checked it).
+      // The target is still the file that verdict installed (verdictHolds() checked it).
       const seen: Observation = {
         status: "installed",
         version: verdict.version,
