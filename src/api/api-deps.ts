@@ -1,3 +1,4 @@
+import type { EngineBindingState } from "../runner/engine-guard.js";
 import type { Logger } from "pino";
 import type { ComponentService } from "../components/component-service.js";
 import type { DockerClient } from "../docker/docker-client.js";
@@ -30,6 +31,8 @@ export interface ApiDeps {
   readonly build?: BuildIdentity;
   /** Which engine the shim drives (the healthcheck's `engine.kind` and `version`), once known. */
   readonly engineInfo?: () => EngineInfo | undefined;
+  /** The home's engine binding (runner/engine-guard.ts): a mismatch is the healthcheck's engine status. */
+  readonly engineBinding?: () => EngineBindingState;
   /** The shim process's phase (the healthcheck's `lifecycle`); absent: not reported. */
   readonly lifecycle?: () => ShimPhaseView;
   /** The home's storage health (the healthcheck's `storage`); absent: reported ok. */

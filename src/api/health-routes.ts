@@ -1,3 +1,4 @@
+import type { EngineBindingState } from "../runner/engine-guard.js";
 import type { EngineInfo } from "../docker/engine-info.js";
 import type { Reconciler } from "../runner/reconciler.js";
 import type { HomeHealth } from "../state/home-watch.js";
@@ -26,7 +27,7 @@ export function healthRoutes(deps: ApiDeps): ApiRoute[] {
         service: "dstack-shim",
         version: deps.version,
         implementation: "taskshim",
-        engine: engineView(deps.reconciler, deps.engineInfo?.()),
+        engine: engineView(deps.reconciler, deps.engineInfo?.(), deps.engineBinding?.()),
         storage: storageView(deps.storage, startedAt, deps.homeHealth?.()),
         build: buildView,
         ...(deps.lifecycle ? { lifecycle: deps.lifecycle() } : {}),
@@ -78,8 +79,13 @@ export function instanceRoutes(deps: ApiDeps): ApiRoute[] {
 function engineView(
   reconciler: Reconciler,
   info: EngineInfo | undefined,
+  binding?: EngineBindingState,
 ): { status: string; since?: string; error?: string; kind?: string; version?: string } {
   const named = info ? { kind: info.kind, version: info.version } : {};
+  // Up or not, an engine that is not this home's is the one thing that matters.
+  if (binding?.state === "mismatch") {
+    return { status: "mismatch", since: new Date(binding.since).toISOString(), error: binding.why, ...named };
+  }
   const health = reconciler.engineHealth();
   switch (health.state) {
     case "unknown":

@@ -3,6 +3,7 @@ import Fastify, { LogController, type HTTPMethods } from "fastify";
 import { ComponentRequestError } from "../components/component-service.js";
 import { TaskConflictError, TaskOperationError, TaskStateError } from "../runner/task-runner.js";
 import { StorageUnavailableError } from "../state/storage-health.js";
+import { EngineMismatchError } from "../runner/engine-guard.js";
 import { InvalidTaskConfigError } from "../tasks/task-config.js";
 import { TaskNotFoundError } from "../tasks/task-store.js";
 import type { ApiDeps } from "./api-deps.js";
@@ -113,6 +114,14 @@ function createApp(deps: ApiDeps) {
   return app;
 }
 
+/** The first error of `type` in `error`'s cause chain. */
+function causeOfType<E extends Error>(error: unknown, type: new (...args: never[]) => E): E | undefined {
+  for (let e: unknown = error, depth = 0; e instanceof Error && depth < 8; e = e.cause, depth++) {
+    if (e instanceof type) return e;
+  }
+  return undefined;
+}
+
 /** Every error a route throws, as dstack-shim answers it: a status and one plain-text line. */
 function mapErrors(app: ShimApp): void {
   app.setErrorHandler((error: Error & { statusCode?: number; code?: string }, request, reply) => {
@@ -130,6 +139,9 @@ function mapErrors(app: ShimApp): void {
     }
     if (error instanceof StorageUnavailableError)
       return sendText(reply, 503, error.message, { verbatim: true });
+    // Nothing was changed: the engine answering is not this home's (runner/engine-guard.ts).
+    const mismatch = causeOfType(error, EngineMismatchError);
+    if (mismatch) return sendText(reply, 503, `engine mismatch: ${mismatch.message}`);
     if (error instanceof TaskOperationError) return sendText(reply, 500, `internal error: ${error.message}`);
     if (typeof error.statusCode === "number" && error.statusCode >= 400 && error.statusCode < 500) {
       return sendText(reply, error.statusCode, error.message);

@@ -30,6 +30,10 @@ import type { RunnerContext } from "../runner/runner-context.js";
 import { ContainerOwnership } from "../runner/ownership.js";
 import { TaskRunner } from "../runner/task-runner.js";
 import { HomeIdentityError, loadHomeIdentity } from "../state/home-identity.js";
+import { loadEngineRecord, writeEngineRecord } from "../state/engine-record.js";
+import { describeEngine } from "../docker/engine-fingerprint.js";
+import { EngineGuard, GuardedDockerClient } from "../runner/engine-guard.js";
+import { checkEngineBinding, engineRecordOf, recordedEngine } from "./engine-binding.js";
 import { HomeWatch } from "../state/home-watch.js";
 import { acquireHomeLock, type HomeLock } from "../state/home-lock.js";
 import { StorageHealth } from "../state/storage-health.js";
@@ -219,9 +223,14 @@ export async function startShim(config: ShimConfig, malloc?: GlibcMalloc): Promi
       installed: (tool) => onPath(tool),
     });
     detecting.catch(() => undefined); // awaited below; a ping failure must not leave it unhandled
-    // --engine-url, else DOCKER_HOST, else Docker's socket or rootful Podman's (one ping each at most).
+    // The engine this home's containers live on, if it has any (a damaged record stops the start).
+    const record = await loadEngineRecord(config.home).catch((error: unknown) => {
+      throw new ConfigError(errorMessage(error), { cause: error });
+    });
+    // --engine-url, else DOCKER_HOST, else the home's engine, else Docker's socket or rootful
+    // Podman's (one ping each at most).
     const endpoint = await chooseEngineEndpoint(
-      { engineUrl: config.engineUrl, dockerHost: process.env.DOCKER_HOST },
+      { engineUrl: config.engineUrl, dockerHost: process.env.DOCKER_HOST, recordedUrl: record?.url },
       localEngineProbe((url) => DockerodeClient.fromUrl(url).ping(shutdownController.signal)),
     );
     const docker = DockerodeClient.fromUrl(endpoint.url, metrics.countEngineCall);
@@ -239,8 +248,16 @@ export async function startShim(config: ShimConfig, malloc?: GlibcMalloc): Promi
     });
     const steps = [
       pinged.then(async () => {
-        const [gpus] = await Promise.all([detecting, engine.detect(shutdownController.signal)]);
-        return gpus;
+        const [gpus, , fingerprint] = await Promise.all([
+          detecting,
+          engine.detect(shutdownController.signal),
+          docker.fingerprint(shutdownController.signal).catch((error: unknown) => {
+            throw new StartupError(`cannot identify the engine at ${endpoint.url}: ${errorMessage(error)}`, {
+              cause: error,
+            });
+          }),
+        ]);
+        return { gpus, fingerprint };
       }),
       identified,
       readBootId(config.testing.bootIdFile),
@@ -251,7 +268,31 @@ export async function startShim(config: ShimConfig, malloc?: GlibcMalloc): Promi
     // All of them end before a failure is reported: none still writes into the home once the
     // failed start has released its lock.
     await Promise.allSettled(steps);
-    const [inventory, homeId, bootId] = await Promise.all(steps);
+    const [{ gpus: inventory, fingerprint }, homeId, bootId] = await Promise.all(steps);
+    const binding = await checkEngineBinding({
+      home: config.home,
+      homeId,
+      record,
+      current: fingerprint,
+      endpoint,
+    });
+    if (binding.kind === "moved") {
+      log.warn(
+        {
+          from: binding.from.url,
+          fromEngine: describeEngine(recordedEngine(binding.from)),
+          to: endpoint.url,
+        },
+        "this home moved to another engine (--engine-url); the recorded one runs none of its containers",
+      );
+    }
+    const engineGuard = new EngineGuard(
+      docker,
+      binding.kind === "unbound" ? undefined : fingerprint,
+      (bound) => writeEngineRecord(config.home, engineRecordOf(bound, endpoint.url)),
+      log,
+    );
+    const guarded = new GuardedDockerClient(docker, engineGuard);
     const params = containerParamsOf(config);
     const homeWatch = await HomeWatch.start(config.home, homeId, log);
     stopHomeWatch = () => homeWatch.stop();
@@ -259,7 +300,8 @@ export async function startShim(config: ShimConfig, malloc?: GlibcMalloc): Promi
       metrics.foreignContainers.set(n),
     );
     const ctx: RunnerContext = {
-      docker,
+      docker: guarded,
+      engineGuard,
       store,
       dirs: new TaskDirs(config.home),
       inventory,
@@ -305,7 +347,7 @@ export async function startShim(config: ShimConfig, malloc?: GlibcMalloc): Promi
     const app = buildApi({
       version: VERSION,
       store: ctx.store,
-      docker,
+      docker: guarded,
       runner,
       reconciler,
       inventory,
@@ -319,6 +361,7 @@ export async function startShim(config: ShimConfig, malloc?: GlibcMalloc): Promi
       ...(handoff ? { handoff } : {}),
       eventStreams: { maxStreams: config.maxEventStreams },
       engineInfo: () => engine.current(),
+      engineBinding: () => engineGuard.state(),
       lifecycle: () => lifecycle.view,
     });
     // fastify compiles its routes and schemas (CPU) while the restore waits on the engine and the
@@ -330,6 +373,15 @@ export async function startShim(config: ShimConfig, malloc?: GlibcMalloc): Promi
     lifecycle.to("restoring");
     const recovery = await recover({ ctx, runner, reconciler });
     const report = recovery.report;
+    // A home from before engine records, with tasks: bound now to the engine they were found on.
+    if (engineGuard.state().state === "unbound" && store.list().length > 0) {
+      await engineGuard.verify(shutdownController.signal).catch((error: unknown) => {
+        log.warn(
+          { err: error },
+          "cannot record this home's engine yet; retried before the next container is created",
+        );
+      });
+    }
     metrics.restoredTasks.set(report.restored);
     metrics.quarantined.set({ kind: "corrupt" }, report.quarantineHeld);
     metrics.quarantined.set({ kind: "newer-format" }, report.skippedNewer.length);

@@ -227,6 +227,14 @@ async function fenceViaShim(url: string, request: FenceRequest): Promise<ApiPass
         `${url} is not a shim: its healthcheck names service ${JSON.stringify(health.service)}`,
       );
     }
+    // A shim on an engine that is not its home's cannot see the tasks' containers: its word on
+    // them proves nothing.
+    if (health.engine?.status === "mismatch") {
+      return failed(
+        "engine_mismatch",
+        `${url} is not on its home's engine: ${health.engine.error ?? "mismatch"}`,
+      );
+    }
   } catch (error) {
     if (error instanceof ShimUnreachableError) return failed("shim_unreachable", errorMessage(error));
     return failed("not_a_shim", `${url} is not a shim: ${errorMessage(error)}`);

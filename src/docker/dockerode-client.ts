@@ -1,3 +1,4 @@
+import { fingerprintOf, type EngineFingerprint, type EngineFingerprintSource } from "./engine-fingerprint.js";
 import type { EngineStorageRoot } from "../host/host-info.js";
 import { createInterface } from "node:readline";
 import { setTimeout as sleep } from "node:timers/promises";
@@ -82,7 +83,9 @@ const since = (start: bigint): number => Number(process.hrtime.bigint() - start)
  * deadline to every short call and maps errors to typed ones. No global docker-modem timeout
  * is set: it is a socket-idle timeout that would kill legitimate long polls.
  */
-export class DockerodeClient implements DockerClient, EngineVersionSource, EngineStorageRoot {
+export class DockerodeClient
+  implements DockerClient, EngineVersionSource, EngineStorageRoot, EngineFingerprintSource
+{
   private readonly docker: Docker;
   /** The engine as last detected: a create with GPUs is translated for it (`hostConfigForEngine`). */
   private engine: EngineInfo | undefined;
@@ -157,23 +160,27 @@ export class DockerodeClient implements DockerClient, EngineVersionSource, Engin
     return detection;
   }
 
-  /**
-   * `GET /info`'s `DockerRootDir`: where the engine keeps images and containers (Podman's
-   * compatible answer names its graph root there). Service mode's `disk_size` is measured on it.
-   */
-  async storageRoot(signal?: AbortSignal): Promise<string> {
+  /** `GET /info`, as the engine answers it. */
+  private async info(signal?: AbortSignal): Promise<unknown> {
     // @types/dockerode lacks info's options, but dockerode honours `abortSignal` there too.
     const info = this.docker.info.bind(this.docker) as unknown as (opts: {
       abortSignal: AbortSignal;
     }) => Promise<unknown>;
-    const body = await this.call("info", DOCKER_DEADLINES.info, signal, (abortSignal) =>
-      info({ abortSignal }),
-    );
-    const root = (body as { DockerRootDir?: unknown } | null)?.DockerRootDir;
-    if (typeof root !== "string" || !root.startsWith("/")) {
-      throw new Error(`the engine's /info has no DockerRootDir (got ${JSON.stringify(root)})`);
-    }
-    return root;
+    return this.call("info", DOCKER_DEADLINES.info, signal, (abortSignal) => info({ abortSignal }));
+  }
+
+  /**
+   * Where the engine keeps images and containers (`DockerRootDir`; Podman's compatible answer
+   * names its graph root there). Service mode's `disk_size` is measured on it.
+   */
+  async storageRoot(signal?: AbortSignal): Promise<string> {
+    return (await this.fingerprint(signal)).rootDir;
+  }
+
+  /** Which engine instance answers here (engine-fingerprint.ts): `/version`'s kind, `/info`'s identity. */
+  async fingerprint(signal?: AbortSignal): Promise<EngineFingerprint> {
+    const [detection, info] = await Promise.all([this.detectEngine(signal), this.info(signal)]);
+    return fingerprintOf(detection.info.kind, info);
   }
 
   async listTaskContainers(signal?: AbortSignal): Promise<TaskContainerSummary[]> {

@@ -15,7 +15,8 @@ export class EngineUrlError extends Error {
 }
 
 /** How the engine's address was found (the serve log says it). */
-export type EngineUrlSource = "engine-url" | "DOCKER_HOST" | "docker-default" | "podman-default";
+export type EngineUrlSource =
+  "engine-url" | "DOCKER_HOST" | "home-record" | "docker-default" | "podman-default";
 
 /** The engine's address and how it was chosen. */
 export interface EngineEndpoint {
@@ -57,14 +58,19 @@ export function checkEngineUrl(value: string): string {
 }
 
 /**
- * Chooses the engine: `--engine-url` beats DOCKER_HOST, which beats the defaults. Without
- * either, Docker's socket if it answers, else Podman's rootful socket if it answers, else
+ * Chooses the engine: `--engine-url` beats DOCKER_HOST, which beats the engine the home is bound
+ * to (`recordedUrl`: never a fall-through to another engine for a home that has containers on
+ * one), which beats the defaults. Without any, Docker's socket if it answers, else Podman's rootful socket if it answers, else
  * Docker's (the start then fails naming both). Podman's is taken only while no Docker socket
  * exists: a Docker socket that does not answer is a dockerd restarting, and a shim that turned
  * to Podman then would find none of its tasks' containers there and end them as lost.
  */
 export async function chooseEngineEndpoint(
-  settings: { readonly engineUrl: string; readonly dockerHost: string | undefined },
+  settings: {
+    readonly engineUrl: string;
+    readonly dockerHost: string | undefined;
+    readonly recordedUrl?: string | undefined;
+  },
   probe: EngineProbe,
 ): Promise<EngineEndpoint> {
   if (settings.engineUrl !== "") {
@@ -72,6 +78,8 @@ export async function chooseEngineEndpoint(
   }
   const dockerHost = settings.dockerHost?.trim() ?? "";
   if (dockerHost !== "") return { url: dockerHost, source: "DOCKER_HOST", tried: [dockerHost] };
+  const recorded = settings.recordedUrl ?? "";
+  if (recorded !== "") return { url: recorded, source: "home-record", tried: [recorded] };
   if (await probe.answers(DOCKER_DEFAULT_URL)) {
     return { url: DOCKER_DEFAULT_URL, source: "docker-default", tried: [DOCKER_DEFAULT_URL] };
   }

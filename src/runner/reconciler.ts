@@ -1,3 +1,4 @@
+import { EngineMismatchError } from "./engine-guard.js";
 import { setTimeout as sleep } from "node:timers/promises";
 import pLimit from "p-limit";
 import type { ContainerEvent, ContainerState, TaskContainerSummary } from "../docker/docker-client.js";
@@ -113,6 +114,17 @@ export class Reconciler {
         this.markDown(error as Error);
         return;
       }
+      // Another engine answers: its list says nothing of this home's containers. Nothing is
+      // acted on until the bound one answers again (read again at most every tick).
+      const guard = this.ctx.engineGuard;
+      if (guard?.mismatched()) {
+        const back = await guard.verify(this.ctx.shutdown).then(
+          () => true,
+          () => false,
+        );
+        if (!back) return;
+        containers = await this.ctx.docker.listTaskContainers(this.ctx.shutdown);
+      }
       // Only this shim's containers (the one ownership rule); a container of another home that
       // carries a task id of ours must never stand in for our task's own container.
       const byTask = new Map<string, TaskContainerSummary>();
@@ -156,6 +168,7 @@ export class Reconciler {
 
   private markDown(error: Error): void {
     this.ctx.observer?.engineSeen(false);
+    this.ctx.engineGuard?.engineDown();
     this.lastProbeAt = Date.now();
     if (this.health.state !== "down") {
       logExpected(this.ctx.log, "error", {}, error, "docker engine unreachable; tasks keep their status");
@@ -179,6 +192,8 @@ export class Reconciler {
         await this.processRunning(task, suspect ? undefined : listed?.state, event);
       else if (task.status === "terminated" && !task.cleanedUp) await this.processTerminated(task, listed);
     } catch (error) {
+      // The guard said it once; every tick waits for the bound engine from now on.
+      if (error instanceof EngineMismatchError) return;
       logExpected(log, "warn", { taskId: id }, error, "reconcile of task failed; retrying next tick");
     } finally {
       unlock();

@@ -9,6 +9,7 @@ import type { StorageHealth } from "../state/storage-health.js";
 import type { TaskDirs } from "../state/task-dirs.js";
 import type { TaskStore } from "../tasks/task-store.js";
 import type { ContainerOwnership } from "./ownership.js";
+import type { EngineGuard } from "./engine-guard.js";
 
 /** Everything the lifecycle engine talks to; each external system behind its own port. */
 export interface RunnerContext {
@@ -28,6 +29,11 @@ export interface RunnerContext {
   readonly shutdown: AbortSignal;
   /** The home's storage health: failed durable writes mark it degraded; optional. */
   readonly storage?: StorageHealth;
+  /**
+   * The home's engine binding: while the engine answering is not the bound one, the reconciler
+   * acts on nothing (runner/engine-guard.ts); optional (tests without a real engine).
+   */
+  readonly engineGuard?: EngineGuard;
   /** Receives lifecycle facts for metrics; optional. */
   readonly observer?: RunnerObserver;
 }

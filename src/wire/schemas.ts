@@ -47,7 +47,14 @@ export const Healthcheck = Type.Object({
   version: Type.String(),
   implementation: open(Type.Literal("taskshim")),
   engine: Type.Object({
-    status: open(Type.Union([Type.Literal("up"), Type.Literal("down"), Type.Literal("unknown")])),
+    status: open(
+      Type.Union(
+        [Type.Literal("up"), Type.Literal("down"), Type.Literal("unknown"), Type.Literal("mismatch")],
+        {
+          description: "mismatch: the engine answering is not the one this home's containers live on",
+        },
+      ),
+    ),
     since: Type.Optional(Type.String()),
     error: Type.Optional(Type.String()),
     kind: Type.Optional(
