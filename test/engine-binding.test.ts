@@ -61,7 +61,7 @@ afterAll(async () => {
 });
 
 describe.skipIf(!withPodman)("a home bound to its engine", () => {
-  it("refuses a restart against another engine (--engine-url or DOCKER_HOST), with the container running on", async () => {
+  it("D10 refuses a restart against another engine (--engine-url or DOCKER_HOST), with the container running on", async () => {
     const env = { DOCKER_HOST: `unix://${DOCKER_SOCKET}` };
     const first = await start({ env });
     const submitted = task();
@@ -105,7 +105,7 @@ describe.skipIf(!withPodman)("a home bound to its engine", () => {
     await again.stop();
   });
 
-  it("moves a home with --engine-url once no container of it runs on the recorded engine", async () => {
+  it("D12 moves a home with --engine-url once no container of it runs on the recorded engine", async () => {
     const env = { DOCKER_HOST: `unix://${DOCKER_SOCKET}` };
     const first = await start({ env });
     const submitted = task();
@@ -138,7 +138,7 @@ describe.skipIf(!withPodman)("a home bound to its engine", () => {
     await next.stop();
   });
 
-  it("an engine changed under a running shim: nothing finalized until its own engine answers again", async () => {
+  it("D11 an engine changed under a running shim: nothing finalized until its own engine answers again", async () => {
     const home = await tempHome();
     proxy = await startSwitchProxy(join(home, "engine.sock"), DOCKER_SOCKET);
     const shim = await start({ home, env: { DOCKER_HOST: proxy.url } });
