@@ -167,11 +167,11 @@ function addWaitCommand(tasks: Command): void {
     .action(async (ids, options) => {
       let status = 0;
       await run(options, async (client) => {
-        const deadline = options.timeout > 0 ? Date.now() + options.timeout : 0;
+        const deadline = options.timeout > 0 ? performance.now() + options.timeout : 0;
         for (const given of ids) {
           const task = await resolveTask(client, given);
           const final = await waitTerminated(client, task.id, {
-            timeoutMs: deadline === 0 ? 0 : Math.max(1, deadline - Date.now()),
+            timeoutMs: deadline === 0 ? 0 : Math.max(1, Math.round(deadline - performance.now())),
             pollMs: WAIT_POLL_MS,
           });
           print(final.exit_code === null || final.exit_code === undefined ? "-" : String(final.exit_code));

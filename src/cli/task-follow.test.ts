@@ -25,6 +25,7 @@ function fakeClock(): LoopClock & { t: number } {
   const clock = {
     t: Date.parse("2025-01-01T00:00:00Z"),
     now: () => clock.t,
+    wallNow: () => clock.t,
     sleep: (ms: number) => {
       clock.t += ms;
       return Promise.resolve();

@@ -13,13 +13,20 @@ export class FollowTimeoutError extends Error {
   override readonly name = "FollowTimeoutError";
 }
 
-/** Clock and sleep, injectable so the loops can be tested without waiting. */
+/** Clocks and sleep, injectable so the loops can be tested without waiting. */
 export interface LoopClock {
+  /** Monotonic ms: every timeout and grace is counted on it, so a stepped wall clock moves none. */
   readonly now: () => number;
+  /** Wall-clock ms: only the `time` of the events printed. */
+  readonly wallNow: () => number;
   readonly sleep: (ms: number) => Promise<void>;
 }
 
-const REAL_CLOCK: LoopClock = { now: Date.now, sleep: (ms) => sleep(ms) };
+const REAL_CLOCK: LoopClock = {
+  now: () => performance.now(),
+  wallNow: () => Date.now(),
+  sleep: (ms) => sleep(ms),
+};
 
 /**
  * How long the shim may stay unreachable while a loop follows it: long enough to ride out a
@@ -157,7 +164,7 @@ export async function watchTasks(
 ): Promise<void> {
   const clock = options.clock ?? REAL_CLOCK;
   const deadline = options.timeoutMs > 0 ? clock.now() + options.timeoutMs : Number.POSITIVE_INFINITY;
-  const stamp = (): string => new Date(clock.now()).toISOString();
+  const stamp = (): string => new Date(clock.wallNow()).toISOString();
   const reasonOf = async (id: string): Promise<string | undefined> => {
     try {
       return (await client.getTask(id)).termination_reason || undefined;
@@ -254,7 +261,7 @@ export async function followEvents(
         snapshotOver = true;
         for (const id of unseen ?? []) {
           emit({
-            time: new Date(clock.now()).toISOString(),
+            time: new Date(clock.wallNow()).toISOString(),
             kind: "removed",
             id,
             from: known.get(id) ?? null,

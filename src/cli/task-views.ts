@@ -46,6 +46,10 @@ export function humanDuration(ms: number): string {
   return `${hours} hours`;
 }
 
+/*
+ * `now` is wall clock on purpose throughout this file: it is compared with the shim's
+ * `created_at`/`started_at`/`finished_at`, which are wall-clock timestamps.
+ */
 const since = (iso: string | null | undefined, now: number): string | undefined => {
   const at = iso ? Date.parse(iso) : Number.NaN;
   return Number.isFinite(at) ? humanDuration(Math.max(0, now - at)) : undefined;

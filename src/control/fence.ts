@@ -212,10 +212,10 @@ async function fenceViaShim(url: string, request: FenceRequest): Promise<ApiPass
     request.authToken === undefined ? {} : { authToken: request.authToken },
   );
   const host = new URL(url).host;
-  const started = Date.now();
+  const started = performance.now();
   const requested = request.selection.kind === "tasks" ? request.selection.ids : [];
   const failed = (reason: string, detail: string): ApiPass => {
-    const failure = { reason, detail, evidence: { elapsed_ms: Date.now() - started } };
+    const failure = { reason, detail, evidence: { elapsed_ms: Math.round(performance.now() - started) } };
     return { host, failure, confirmed: [], pending: unseen(requested, "api", failure) };
   };
   // Anything that answers HTTP can answer 404 or `{"tasks":[]}`: only a shim's word counts.
@@ -262,7 +262,7 @@ async function fenceViaShim(url: string, request: FenceRequest): Promise<ApiPass
  * only when all three happened; a 404 at the first step is `unknown_to_shim`, never "absent".
  */
 async function fenceTaskViaShim(client: ShimClient, id: string): Promise<FenceResult> {
-  const started = Date.now();
+  const started = performance.now();
   const steps: string[] = [];
   let container: string | null = null;
   const result = (outcome: FenceOutcome, reason: string | null, detail?: string): FenceResult => ({
@@ -271,7 +271,11 @@ async function fenceTaskViaShim(client: ShimClient, id: string): Promise<FenceRe
     outcome,
     reason,
     via: "api",
-    evidence: { elapsed_ms: Date.now() - started, steps, ...(detail === undefined ? {} : { detail }) },
+    evidence: {
+      elapsed_ms: Math.round(performance.now() - started),
+      steps,
+      ...(detail === undefined ? {} : { detail }),
+    },
   });
   try {
     const task = await client.terminateTask(id, "terminated_by_server", "fenced by taskshim fence", 0);

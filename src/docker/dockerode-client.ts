@@ -297,8 +297,8 @@ export class DockerodeClient
    * and the reconciler reads the exit later.
    */
   private async settlePodmanStop(id: string, signal?: AbortSignal): Promise<void> {
-    const until = Date.now() + DOCKER_DEADLINES.stopSettle;
-    while (Date.now() < until && !signal?.aborted) {
+    const until = performance.now() + DOCKER_DEADLINES.stopSettle;
+    while (performance.now() < until && !signal?.aborted) {
       const info = await this.call("inspect", DOCKER_DEADLINES.inspect, signal, (abortSignal) =>
         this.docker.getContainer(id).inspect({ abortSignal }),
       ).catch(() => undefined);

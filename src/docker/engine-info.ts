@@ -106,7 +106,7 @@ export interface EngineIdentityHooks {
   readonly log: (level: "info" | "warn", fields: Record<string, unknown>, msg: string) => void;
   /** Called with each newly detected engine (the metric's labels follow it). */
   readonly changed?: (info: EngineInfo) => void;
-  /** The clock (ms); tests pass their own. */
+  /** The monotonic clock (ms) of the re-detection rate limit; tests pass their own. */
   readonly now?: () => number;
 }
 
@@ -129,7 +129,7 @@ export class EngineIdentity {
     private readonly source: EngineVersionSource,
     private readonly hooks: EngineIdentityHooks,
   ) {
-    this.now = hooks.now ?? Date.now;
+    this.now = hooks.now ?? (() => performance.now());
   }
 
   /** The engine as last detected; undefined before the first detection succeeded. */

@@ -378,14 +378,14 @@ export class BoundedCommandRunner implements CommandRunner {
     watch: ChildWatch,
     trigger: CleanupTrigger,
   ): Promise<{ kill: KillResult; cleanup: CleanupEvidence }> {
-    const started = Date.now();
+    const started = performance.now();
     const error = await this.terminate(watch);
     const kill: KillResult = error === null ? { ok: true } : { ok: false, error };
     return {
       kill,
       cleanup: {
         trigger,
-        elapsed_ms: Date.now() - started,
+        elapsed_ms: Math.round(performance.now() - started),
         reap_grace_ms: this.reapMs,
         io_drain_grace_ms: this.drainMs,
         kill_attempted: true,

@@ -69,6 +69,7 @@ export class ShimLifecycle {
 
   constructor(
     private readonly log: PhaseLogger,
+    /** Wall clock: it only stamps `since`, which users see; nothing is timed with it. */
     private readonly now: () => number = Date.now,
   ) {
     this.sinceMs = now();

@@ -62,7 +62,8 @@ export class ImagePulls {
     // A write stream keeps the raw lines in order; pull.log is a diagnostic, never a reason to fail.
     const pullLog = createWriteStream(join(task.taskDir, "pull.log"), { mode: 0o600 });
     pullLog.on("error", () => undefined);
-    let lastUpdate = 0;
+    // Monotonic: a rate limit, which a stepped wall clock would stop or unleash.
+    let lastUpdate = Number.NEGATIVE_INFINITY;
     try {
       const stream = await docker.pullImage(pullRef, auth, controller.signal);
       await failpoint("mid-pull");
@@ -71,7 +72,7 @@ export class ImagePulls {
         onMessage: (message, rawLine) => {
           tracker.update(message);
           pullLog.write(`${rawLine}\n`);
-          const now = Date.now();
+          const now = performance.now();
           if (now - lastUpdate >= 100) {
             lastUpdate = now;
             const progress = tracker.progress();

@@ -565,21 +565,26 @@ describe("Reconciler: health, logs and metrics", () => {
   });
 
   it("with nothing to reconcile, pings the engine at most every 5 s and reports a failed ping as down", async () => {
+    // The rate limit is on the monotonic clock; `since` is the wall clock's.
+    const mono = vi.spyOn(performance, "now");
     const now = vi.spyOn(Date, "now");
     try {
+      mono.mockReturnValue(1_000_000);
       now.mockReturnValue(1_000_000);
       env.docker.failNext("ping", new DockerUnavailableError("ping: down"));
       await env.reconciler.tick();
       expect(env.reconciler.engineHealth().state).toBe("down");
-      now.mockReturnValue(1_004_999);
+      mono.mockReturnValue(1_004_999);
       await env.reconciler.tick();
       expect(env.docker.count("ping")).toBe(1);
+      mono.mockReturnValue(1_005_000);
       now.mockReturnValue(1_005_000);
       await env.reconciler.tick();
       expect(env.docker.count("ping")).toBe(2);
       expect(env.reconciler.engineHealth()).toEqual({ state: "up", since: 1_005_000 });
     } finally {
       now.mockRestore();
+      mono.mockRestore();
     }
   });
 

@@ -22,7 +22,7 @@ const IDLE_PROBE_MS = 5_000;
 /** Back-off before reconnecting a dropped event stream. */
 const EVENTS_RECONNECT_MS = 1_000;
 
-/** The engine's health as the reconciler last saw it. */
+/** The engine's health as the reconciler last saw it; `since` is wall-clock ms, shown to users. */
 export type EngineHealth =
   | { readonly state: "unknown" }
   | { readonly state: "up"; readonly since: number }
@@ -49,8 +49,13 @@ export class Reconciler {
   /** Event-driven inspections in flight; awaited when the loop stops. */
   private readonly fastPath = new Set<Promise<void>>();
   private health: EngineHealth = { state: "unknown" };
-  private lastProbeAt = 0;
-  /** When the engine last answered, and the last window in which it did not. */
+  /** Monotonic ms (`performance.now()`) of the last list or ping: the idle probe's rate limit. */
+  private lastProbeAt = Number.NEGATIVE_INFINITY;
+  /**
+   * Wall-clock ms of when the engine last answered, and of the last window in which it did not.
+   * Wall clock on purpose: the window is compared with a container's `FinishedAt`, which the
+   * engine stamps on the wall clock; a monotonic window could not be compared with it.
+   */
   private lastUpAt = 0;
   private outage: { readonly from: number; readonly to: number } | undefined;
   readonly stats: ReconcileStats = { ticks: 0, lastTickMs: 0, finalized: 0 };
@@ -103,7 +108,7 @@ export class Reconciler {
           (t) => !t.startInFlight && (t.status === "running" || (t.status === "terminated" && !t.cleanedUp)),
         );
       if (candidates.length === 0) {
-        if (Date.now() - this.lastProbeAt >= IDLE_PROBE_MS) await this.probe();
+        if (performance.now() - this.lastProbeAt >= IDLE_PROBE_MS) await this.probe();
         return;
       }
       let containers: readonly TaskContainerSummary[];
@@ -155,9 +160,10 @@ export class Reconciler {
   }
 
   private markUp(): void {
+    // Wall clock: `since` is shown to users and the outage window is compared with FinishedAt.
     const now = Date.now();
     this.ctx.observer?.engineSeen(true);
-    this.lastProbeAt = now;
+    this.lastProbeAt = performance.now();
     if (this.health.state === "down") {
       this.ctx.log.info("docker engine reachable again");
       this.outage = { from: this.lastUpAt, to: now };
@@ -169,7 +175,7 @@ export class Reconciler {
   private markDown(error: Error): void {
     this.ctx.observer?.engineSeen(false);
     this.ctx.engineGuard?.engineDown();
-    this.lastProbeAt = Date.now();
+    this.lastProbeAt = performance.now();
     if (this.health.state !== "down") {
       logExpected(this.ctx.log, "error", {}, error, "docker engine unreachable; tasks keep their status");
       this.health = { state: "down", since: Date.now(), error: error.message };
@@ -251,7 +257,9 @@ export class Reconciler {
           .containerLogTail(details.id, LAST_LOG_LINES, this.ctx.shutdown)
           .catch(() => []);
         // A container that stopped while the engine was down or restarting was most likely
-        // stopped by the engine (no live-restore), not by its workload: say so.
+        // stopped by the engine (no live-restore), not by its workload: say so. Both sides are
+        // wall clock (FinishedAt is the engine's), so this one comparison stays off the
+        // monotonic clock.
         const duringOutage =
           this.outage !== undefined && finishedAt >= this.outage.from - 1_000 && finishedAt <= this.outage.to;
         const notes = [

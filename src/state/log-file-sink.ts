@@ -19,6 +19,7 @@ export interface LogFileSinkOptions {
   /** The least time between two notices on stderr (default 60 s). */
   readonly noticeIntervalMs?: number;
   readonly fs?: LogFileOps;
+  /** The monotonic clock (ms) of the retry and notice rate limits; tests pass their own. */
   readonly now?: () => number;
   /** Where notices go (default: stderr, written synchronously, errors ignored). */
   readonly notice?: (line: string) => void;
@@ -98,7 +99,7 @@ export class LogFileSink {
     options: LogFileSinkOptions = {},
   ) {
     this.fs = options.fs ?? realFs;
-    this.now = options.now ?? Date.now;
+    this.now = options.now ?? (() => performance.now());
     this.maxPendingBytes = options.maxPendingBytes ?? MIB;
     this.retryMs = options.retryMs ?? 1_000;
     this.noticeIntervalMs = options.noticeIntervalMs ?? 60_000;

@@ -23,7 +23,11 @@ const enospc = (): NodeJS.ErrnoException =>
 describe("StorageHealth", () => {
   it("is ok until a durable write fails, then degraded with the error, and reports each change", () => {
     const seen: boolean[] = [];
-    const health = new StorageHealth(dir, { observe: (up) => seen.push(up), now: () => 1_000 });
+    const health = new StorageHealth(dir, {
+      observe: (up) => seen.push(up),
+      now: () => 1_000,
+      wallNow: () => 1_000,
+    });
     expect(health.state()).toEqual({ state: "ok", since: 1_000 });
     health.markFailed(new Error("wrapped", { cause: enospc() }));
     expect(health.state()).toEqual({
@@ -164,6 +168,7 @@ describe("StorageHealth, in detail", () => {
     const health = new StorageHealth(dir, {
       log: (level, fields, msg) => logged.push({ level, fields, msg }),
       now: () => now,
+      wallNow: () => now,
     });
     health.markFailed(enospc());
     now = 2_000;
@@ -195,6 +200,7 @@ describe("StorageHealth, in detail", () => {
         return Promise.resolve(true);
       },
       now: () => now,
+      wallNow: () => now,
     });
     expect(await health.check()).toBe(true);
     expect(catchUps).toBe(0);

@@ -78,7 +78,10 @@ export interface StorageHealthHooks {
    * written; the home stays degraded otherwise.
    */
   readonly catchUp?: () => Promise<boolean>;
+  /** The monotonic clock (ms) that measures how long the home was degraded; tests pass their own. */
   readonly now?: () => number;
+  /** The wall clock (ms) of `since`, which users see; tests pass their own. */
+  readonly wallNow?: () => number;
 }
 
 /**
@@ -90,13 +93,17 @@ export interface StorageHealthHooks {
 export class StorageHealth {
   private current: StorageState;
   private readonly now: () => number;
+  private readonly wallNow: () => number;
+  /** Monotonic ms of the change to degraded (its length is logged when it ends). */
+  private degradedAt = 0;
 
   constructor(
     private readonly dir: string,
     private readonly hooks: StorageHealthHooks = {},
   ) {
-    this.now = hooks.now ?? Date.now;
-    this.current = { state: "ok", since: this.now() };
+    this.now = hooks.now ?? (() => performance.now());
+    this.wallNow = hooks.wallNow ?? Date.now;
+    this.current = { state: "ok", since: this.wallNow() };
     hooks.observe?.(true);
   }
 
@@ -116,7 +123,8 @@ export class StorageHealth {
       this.current = { ...this.current, error: detail };
       return;
     }
-    this.current = { state: "degraded", since: this.now(), error: detail };
+    this.current = { state: "degraded", since: this.wallNow(), error: detail };
+    this.degradedAt = this.now();
     this.hooks.observe?.(false);
     this.hooks.log?.("error", { error: detail }, "storage degraded: durable writes fail; retrying every 2 s");
   }
@@ -132,7 +140,7 @@ export class StorageHealth {
       await mkdir(this.dir, { recursive: true, mode: 0o755 });
       const file = await open(temp, "w", 0o600);
       try {
-        await file.writeFile(`${this.now()}\n`);
+        await file.writeFile(`${this.wallNow()}\n`);
         await file.sync();
       } finally {
         await file.close();
@@ -160,12 +168,11 @@ export class StorageHealth {
     const caughtUp = this.hooks.catchUp ? await this.hooks.catchUp().catch(() => false) : true;
     // The catch-up's own failures re-mark the home (with their error); only a clean one clears it.
     if (!caughtUp) return false;
-    const since = this.current.since;
-    this.current = { state: "ok", since: this.now() };
+    this.current = { state: "ok", since: this.wallNow() };
     this.hooks.observe?.(true);
     this.hooks.log?.(
       "info",
-      { degradedMs: this.now() - since },
+      { degradedMs: Math.round(this.now() - this.degradedAt) },
       "storage writable again; deferred writes done",
     );
     return true;

@@ -5,9 +5,9 @@ export async function waitFor(
   condition: () => boolean,
   options: { readonly timeoutMs?: number; readonly intervalMs?: number; readonly what?: string } = {},
 ): Promise<void> {
-  const deadline = Date.now() + (options.timeoutMs ?? 2_000);
+  const deadline = performance.now() + (options.timeoutMs ?? 2_000);
   while (!condition()) {
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${options.what ?? "condition"}`);
+    if (performance.now() > deadline) throw new Error(`timed out waiting for ${options.what ?? "condition"}`);
     await new Promise((resolve) => setTimeout(resolve, options.intervalMs ?? 2));
   }
 }
