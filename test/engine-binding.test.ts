@@ -60,14 +60,21 @@ afterAll(async () => {
   }
 });
 
+const DOCKER_ENV = { DOCKER_HOST: `unix://${DOCKER_SOCKET}` };
+
+/** A shim on Docker with one running task, stopped: the home is bound to Docker. */
+async function runningOnDockerThenStopped() {
+  const first = await start({ env: DOCKER_ENV });
+  const submitted = task();
+  await first.submit(submitted);
+  const running = await first.waitTask(submitted.id, (t) => t.status === "running", 60_000);
+  await first.stop();
+  return { env: DOCKER_ENV, first, submitted, running };
+}
+
 describe.skipIf(!withPodman)("a home bound to its engine", () => {
   it("D10 refuses a restart against another engine (--engine-url or DOCKER_HOST), with the container running on", async () => {
-    const env = { DOCKER_HOST: `unix://${DOCKER_SOCKET}` };
-    const first = await start({ env });
-    const submitted = task();
-    await first.submit(submitted);
-    const running = await first.waitTask(submitted.id, (t) => t.status === "running", 60_000);
-    await first.stop();
+    const { env, first, submitted, running } = await runningOnDockerThenStopped();
     const record = JSON.parse(await readFile(join(first.home, ".taskshim-engine.json"), "utf8")) as Record<
       string,
       unknown
@@ -106,12 +113,7 @@ describe.skipIf(!withPodman)("a home bound to its engine", () => {
   });
 
   it("D12 moves a home with --engine-url once no container of it runs on the recorded engine", async () => {
-    const env = { DOCKER_HOST: `unix://${DOCKER_SOCKET}` };
-    const first = await start({ env });
-    const submitted = task();
-    await first.submit(submitted);
-    const running = await first.waitTask(submitted.id, (t) => t.status === "running", 60_000);
-    await first.stop();
+    const { first, running } = await runningOnDockerThenStopped();
     // Live on Docker: refused even with --engine-url.
     const refused = await start({
       home: first.home,

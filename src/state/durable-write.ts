@@ -9,6 +9,28 @@ export function tempFilePrefix(target: string): string {
 }
 
 /**
+ * Writes `data` to a new temp file beside `target` and fsyncs it; returns its path. A failure
+ * removes it.
+ */
+async function writeSyncedTemp(target: string, data: string | Uint8Array, mode: number): Promise<string> {
+  // Stryker disable next-line UpdateOperator: any change per call keeps the names unique.
+  const temp = join(dirname(target), `${tempFilePrefix(target)}${process.pid}-${++counter}`);
+  const file = await open(temp, "wx", mode);
+  try {
+    try {
+      await file.writeFile(data);
+      await file.sync();
+    } finally {
+      await file.close();
+    }
+  } catch (error) {
+    await unlink(temp).catch(() => undefined);
+    throw error;
+  }
+  return temp;
+}
+
+/**
  * Replaces `target` with `data` so that after a crash at any instant the file is either the
  * old or the new content, and the new name survives a power loss: temp file, fsync, rename,
  * fsync the directory.
@@ -20,23 +42,14 @@ export async function writeFileDurably(
   data: string | Uint8Array,
   mode = 0o600,
 ): Promise<void> {
-  const dir = dirname(target);
-  // Stryker disable next-line UpdateOperator: any change per call keeps the names unique.
-  const temp = join(dir, `${tempFilePrefix(target)}${process.pid}-${++counter}`);
-  const file = await open(temp, "wx", mode);
+  const temp = await writeSyncedTemp(target, data, mode);
   try {
-    try {
-      await file.writeFile(data);
-      await file.sync();
-    } finally {
-      await file.close();
-    }
     await rename(temp, target);
   } catch (error) {
     await unlink(temp).catch(() => undefined);
     throw error;
   }
-  await syncDirectory(dir);
+  await syncDirectory(dirname(target));
 }
 
 /** fsyncs a directory so that entries created, renamed or removed in it are durable. */
@@ -60,17 +73,8 @@ export async function createFileDurably(
   data: string | Uint8Array,
   mode = 0o600,
 ): Promise<"created" | "exists"> {
-  const dir = dirname(target);
-  // Stryker disable next-line UpdateOperator: any change per call keeps the names unique.
-  const temp = join(dir, `${tempFilePrefix(target)}${process.pid}-${++counter}`);
-  const file = await open(temp, "wx", mode);
+  const temp = await writeSyncedTemp(target, data, mode);
   try {
-    try {
-      await file.writeFile(data);
-      await file.sync();
-    } finally {
-      await file.close();
-    }
     await link(temp, target);
   } catch (error) {
     if ((error as NodeJS.ErrnoException).code === "EEXIST") return "exists";
@@ -78,6 +82,6 @@ export async function createFileDurably(
   } finally {
     await unlink(temp).catch(() => undefined);
   }
-  await syncDirectory(dir);
+  await syncDirectory(dirname(target));
   return "created";
 }
