@@ -3,6 +3,7 @@ import type { EngineInfo } from "../docker/engine-info.js";
 import type { Reconciler } from "../runner/reconciler.js";
 import type { HomeHealth } from "../state/home-watch.js";
 import type { StorageHealth } from "../state/storage-health.js";
+import { readRollbackReport } from "../lifecycle/rollback-report.js";
 import { BUILD } from "../version.js";
 import { Healthcheck, InstanceHealth, InstanceInfo, ShutdownBody } from "../wire/schemas.js";
 import type { ApiDeps } from "./api-deps.js";
@@ -14,6 +15,8 @@ export function healthRoutes(deps: ApiDeps): ApiRoute[] {
   const startedAt = Date.now();
   const build = deps.build ?? BUILD;
   const buildView = { commit: build.commit, dirty: build.dirty, build_id: build.buildId };
+  // Set by the supervisor when it started this process after a rollback: fixed for its life.
+  const rollback = readRollbackReport(process.env);
   return [
     {
       method: "GET",
@@ -31,6 +34,7 @@ export function healthRoutes(deps: ApiDeps): ApiRoute[] {
         storage: storageView(deps.storage, startedAt, deps.homeHealth?.()),
         build: buildView,
         ...(deps.lifecycle ? { lifecycle: deps.lifecycle() } : {}),
+        ...(rollback ? { rollback } : {}),
       }),
     },
     {

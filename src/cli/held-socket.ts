@@ -1,4 +1,4 @@
-import { spawn } from "node:child_process";
+import { spawn, type ChildProcess } from "node:child_process";
 import { once } from "node:events";
 import { createServer, type Server } from "node:net";
 import { setTimeout as sleep } from "node:timers/promises";
@@ -7,6 +7,7 @@ import { Command } from "@commander-js/extra-typings";
 import { resolveShimConfig, SERVE_SETTINGS } from "../config/shim-config.js";
 import { errorMessage } from "../errors/error-message.js";
 import { formatDuration } from "./durations.js";
+import { STANDIN_ENV } from "./unserved-standin.js";
 
 /** Set by the outer `taskshim supervise` for the inner one: its fd 3 is the API's listening socket. */
 export const HELD_SOCKET_ENV = "TASKSHIM_SUPERVISE_HELD_SOCKET";
@@ -157,6 +158,18 @@ export function watchParent(onGone: () => void, everyMs = 1_000): () => void {
   }, everyMs);
   timer.unref();
   return () => clearInterval(timer);
+}
+
+/**
+ * Starts this command again as the stand-in that answers 503 on the held socket
+ * (src/cli/unserved-standin.ts), with the socket as its fd 3.
+ */
+export function standInSpawn(): ChildProcess {
+  const args = isSea() ? process.argv.slice(2) : [...process.execArgv, ...process.argv.slice(1)];
+  return spawn(process.execPath, args, {
+    stdio: ["ignore", "inherit", "inherit", HELD_FD],
+    env: { ...process.env, [STANDIN_ENV]: "1" },
+  });
 }
 
 /** The spawn settings of a shim started by a supervisor holding the socket. */

@@ -8,9 +8,10 @@ import { VERSION } from "../version.js";
 import { addClientCommands } from "./client-commands.js";
 import { addFenceCommand } from "./fence.js";
 import { loadGlibcMalloc, MALLOC_ARENAS } from "./glibc-malloc.js";
-import { holdApiSocket } from "./held-socket.js";
+import { holdApiSocket, serveAddress, standInSpawn } from "./held-socket.js";
 import { durationFlag } from "./durations.js";
-import { EXIT_CONFIG, supervise } from "./supervise.js";
+import { EXIT_CONFIG, REFUSE_AFTER_MS, SERVE_WITHIN_MS, supervise } from "./supervise.js";
+import { serveUnavailable, STANDIN_ENV } from "./unserved-standin.js";
 import { addVersionCommand } from "./version-command.js";
 import { errorMessage } from "../errors/error-message.js";
 
@@ -51,6 +52,15 @@ async function serve(flags: ServeFlags): Promise<void> {
   await shim.stopped;
   // Ends what the bound left behind too (a read stuck in the kernel, a step that ignored its signal).
   process.exit(0);
+}
+
+/** Where the supervised shims serve, when the serve flags say (else the healthcheck is not asked). */
+function address(serveArgs: readonly string[]): { address?: { host: string; port: number } } {
+  try {
+    return { address: serveAddress(serveArgs, process.env) };
+  } catch {
+    return {};
+  }
 }
 
 /** Builds the `taskshim` command line. */
@@ -113,9 +123,26 @@ export function buildCli(): Command {
       durationFlag(0, 3_600_000),
       100,
     )
+    .option(
+      "--serve-within <duration>",
+      "a new binary that has not served by then (or exits first) is replaced by the previous one",
+      durationFlag(1_000, 3_600_000),
+      SERVE_WITHIN_MS,
+    )
+    .option(
+      "--refuse-after <duration>",
+      "once no shim has served for this long, the held API socket answers 503 until one does",
+      durationFlag(0, 3_600_000),
+      REFUSE_AFTER_MS,
+    )
     .argument("[serve-args...]", "arguments for `serve` (after --)")
     .passThroughOptions()
     .action(async (serveArgs, options) => {
+      // The inner supervisor's stand-in: answer 503 on the held socket until told to stop.
+      if (process.env[STANDIN_ENV] === "1") {
+        await serveUnavailable(3);
+        process.exit(0);
+      }
       // A SIGTERM while waiting for the port (an earlier shim still shutting down) ends at once.
       const waiting = new AbortController();
       const stopWaiting = (): void => waiting.abort();
@@ -139,6 +166,10 @@ export function buildCli(): Command {
         maxCrashDelayMs: Math.max(options.maxCrashDelay, options.crashDelay),
         stableAfterMs: options.stableAfter,
         handoffDelayMs: options.handoffDelay,
+        serveWithinMs: options.serveWithin,
+        refuseAfterMs: options.refuseAfter,
+        ...address(serveArgs),
+        standIn: standInSpawn,
         heldSocket: holding.kind === "hold",
         watchOuter: holding.kind === "hold",
         ...(holding.kind === "none" ? { notHolding: holding.why } : {}),

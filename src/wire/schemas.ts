@@ -84,6 +84,17 @@ export const Healthcheck = Type.Object({
       since: Type.String({ description: "when the shim entered this phase (ISO 8601)" }),
     }),
   ),
+  /**
+   * The last rollback of the `taskshim supervise` that started this shim: a new binary did not
+   * serve, and the previous one was put back and runs now. Absent when there was none.
+   */
+  rollback: Type.Optional(
+    Type.Object({
+      at: Type.String({ description: "when the previous binary was put back (ISO 8601)" }),
+      reason: Type.String({ description: "why, in one line (exited before serving, did not serve in time)" }),
+      binary: Type.String({ description: "the path the failed binary was replaced at" }),
+    }),
+  ),
   /** Which build answers: `version` alone cannot tell two builds of one release apart. */
   build: Type.Object({
     commit: Type.String({ description: "the git commit it was built from, or unknown" }),
