@@ -105,7 +105,10 @@ export class Reconciler {
       const candidates = this.ctx.store
         .list()
         .filter(
-          (t) => !t.startInFlight && (t.status === "running" || (t.status === "terminated" && !t.cleanedUp)),
+          (t) =>
+            !t.startInFlight &&
+            watched(t) &&
+            (t.status === "running" || (t.status === "terminated" && !t.cleanedUp)),
         );
       if (candidates.length === 0) {
         if (performance.now() - this.lastProbeAt >= IDLE_PROBE_MS) await this.probe();
@@ -193,7 +196,7 @@ export class Reconciler {
     if (!unlock) return;
     try {
       const task = store.get(id);
-      if (!task || task.startInFlight) return;
+      if (!task || task.startInFlight || !watched(task)) return;
       if (task.status === "running")
         await this.processRunning(task, suspect ? undefined : listed?.state, event);
       else if (task.status === "terminated" && !task.cleanedUp) await this.processTerminated(task, listed);
@@ -386,4 +389,23 @@ export class Reconciler {
     }
     await this.settled();
   }
+}
+
+/**
+ * Whether the reconciler looks at a task. A held task (`TaskHold`: a newer release's, or one
+ * whose state file could not be quarantined) is only watched, and only while it runs in a
+ * container with no terminate pending: its status follows the container in memory (Docker is
+ * the truth about containers), and nothing is stopped, written or released. One without a
+ * container, one with a pending terminate, and one whose status this version does not know is
+ * not looked at: it is shown as its file says.
+ */
+function watched(task: Task): boolean {
+  const { held } = task;
+  if (held === undefined) return true;
+  return (
+    held.kind !== "newer-status" &&
+    task.containerId !== undefined &&
+    task.status === "running" &&
+    task.terminationReason === ""
+  );
 }

@@ -1,5 +1,6 @@
-import { readFile, unlink } from "node:fs/promises";
+import { unlink } from "node:fs/promises";
 import { join } from "node:path";
+import { readBoundedFile } from "../state/bounded-read.js";
 import { writeFileDurably } from "../state/durable-write.js";
 import type { RegistryAuth } from "../tasks/task-config.js";
 
@@ -10,6 +11,12 @@ import type { RegistryAuth } from "../tasks/task-config.js";
  */
 export const REGISTRY_AUTH_FILE = "registry-auth.json";
 
+/**
+ * The most of it that is read: what a submit body of at most 1 MiB can carry, with every
+ * character escaped by JSON.stringify (6 bytes for a control character).
+ */
+const REGISTRY_AUTH_MAX_BYTES = 8 * 1024 * 1024;
+
 /** Writes the credentials durably (0600). */
 export async function writeRegistryAuth(taskDir: string, auth: RegistryAuth): Promise<void> {
   await writeFileDurably(join(taskDir, REGISTRY_AUTH_FILE), JSON.stringify(auth), 0o600);
@@ -19,8 +26,9 @@ export async function writeRegistryAuth(taskDir: string, auth: RegistryAuth): Pr
 export async function readRegistryAuth(taskDir: string): Promise<RegistryAuth | undefined> {
   if (taskDir === "") return undefined;
   try {
+    // Bounded, never through a symlink nor by a blocking open: a file put there is not trusted.
     const raw = JSON.parse(
-      await readFile(join(taskDir, REGISTRY_AUTH_FILE), "utf8"),
+      await readBoundedFile(join(taskDir, REGISTRY_AUTH_FILE), REGISTRY_AUTH_MAX_BYTES),
     ) as Partial<RegistryAuth>;
     return typeof raw.username === "string" && typeof raw.password === "string"
       ? { username: raw.username, password: raw.password }

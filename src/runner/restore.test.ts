@@ -329,7 +329,7 @@ describe("restoreTasks", () => {
     });
   });
 
-  it("leaves a task.json of a newer version untouched", async () => {
+  it("leaves a task.json of a newer version untouched, and shows its task read-only as far as it can be read", async () => {
     const newerDir = join(env.home, "runners", "newer-89abcdef");
     await mkdir(newerDir, { recursive: true });
     const text = JSON.stringify({ version: 2, id: "from-the-future", config: { id: "from-the-future" } });
@@ -338,9 +338,18 @@ describe("restoreTasks", () => {
     const report = await restoreTasks(next.ctx);
     expect(report.skippedNewer).toEqual([newerDir]);
     expect(report.quarantined).toEqual([]);
+    expect(report.resumed).toEqual([]);
+    expect(report.changed).toEqual([]);
     expect(await readFile(join(newerDir, TASK_STATE_FILE), "utf8")).toBe(text);
     expect(await readdir(newerDir)).toEqual([TASK_STATE_FILE]);
-    expect(next.ctx.store.get("from-the-future")).toBeUndefined();
+    expect(next.ctx.store.get("from-the-future")).toMatchObject({
+      status: "pending",
+      held: { kind: "newer-format", version: 2 },
+      config: { name: "newer", image_name: "unknown" },
+      containerName: "newer-89abcdef",
+      taskDir: newerDir,
+    });
+    expect(next.ctx.dirs.heldBy(newerDir)).toEqual({ kind: "newer-format", version: 2 });
   });
 });
 
@@ -522,7 +531,7 @@ describe("restoreTasks: the status of a task with a container", () => {
     expect(next.ctx.store.mustGet(gone.id)).toMatchObject({ taskDir: "", degraded: true });
   });
 
-  it("a container whose dir holds a newer-format state: shown as foreign, keys known, its credentials kept", async () => {
+  it("a container whose dir holds a newer-format state: shown as held, keys known, its credentials kept", async () => {
     const task = await env.submitAndStart({});
     await writeFile(
       join(task.taskDir, TASK_STATE_FILE),
@@ -533,7 +542,11 @@ describe("restoreTasks: the status of a task with a container", () => {
     const report = await restoreTasks(next.ctx);
     expect(report.skippedNewer).toEqual([task.taskDir]);
     const restored = next.ctx.store.mustGet(task.id);
-    expect(restored).toMatchObject({ foreign: true, taskDir: task.taskDir, status: "running" });
+    expect(restored).toMatchObject({
+      held: { kind: "newer-format", version: 2 },
+      taskDir: task.taskDir,
+      status: "running",
+    });
     expect(restored.degraded).toBeUndefined();
     expect(existsSync(join(task.taskDir, REGISTRY_AUTH_FILE))).toBe(true);
   });

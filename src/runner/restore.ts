@@ -5,10 +5,18 @@ import type { ContainerDetails, TaskContainerSummary } from "../docker/docker-cl
 import { gpuIdsFromContainer } from "../docker/gpu-devices.js";
 import { decodeStoredConfig } from "../state/stored-config.js";
 import type { ScannedTaskDir } from "../state/task-dirs.js";
-import { epochOf, UnsupportedTaskStateVersionError, type TaskState } from "../state/task-state-file.js";
-import { newTask, type Task } from "../tasks/task.js";
-import { isValidVolumeName, type TaskConfig } from "../tasks/task-config.js";
-import type { TaskStatus } from "../tasks/task-status.js";
+import {
+  epochOf,
+  TASK_STATE_VERSION,
+  UnsupportedTaskStateVersionError,
+  type NewerTaskStateView,
+  type TaskState,
+} from "../state/task-state-file.js";
+import { newTask, type Task, type TaskHold } from "../tasks/task.js";
+import { isValidTaskId, isValidTaskName, isValidVolumeName, type TaskConfig } from "../tasks/task-config.js";
+import { TASK_STATUSES, type TaskStatus } from "../tasks/task-status.js";
+import type { TerminationReason } from "../tasks/termination-reason.js";
+import { failpoint } from "./failpoints.js";
 import { deleteRegistryAuth, REGISTRY_AUTH_FILE } from "./registry-auth-file.js";
 import type { RunnerContext } from "./runner-context.js";
 import { errorMessage } from "../errors/error-message.js";
@@ -18,11 +26,16 @@ export interface RestoreReport {
   readonly restored: number;
   /** Tasks whose start resumes (they had no running container yet). */
   readonly resumed: string[];
-  /** State files renamed aside because they could not be read. */
+  /** State files (and task dirs) moved to the quarantine because they could not be read or entered. */
   readonly quarantined: string[];
   /** State files held in `<home>/quarantine/` after its sweep (this start's and earlier ones). */
   readonly quarantineHeld: number;
-  /** State files of a newer format: left alone, never deleted. */
+  /**
+   * Unreadable state files and task dirs the shim does not enter whose move to the quarantine
+   * failed: left where they are (their dirs held: never written by this release), by dir.
+   */
+  readonly quarantineFailed: string[];
+  /** State files of a newer release (a newer format, or a status this version does not know): left alone, never deleted. */
   readonly skippedNewer: string[];
   /** Labelled containers without a task id label. */
   readonly ignoredContainers: string[];
@@ -40,6 +53,9 @@ export interface RestoreReport {
 
 const PRE_CONTAINER: readonly TaskStatus[] = ["pending", "preparing", "pulling", "creating"];
 
+const isTaskStatus = (value: string): value is TaskStatus =>
+  (TASK_STATUSES as readonly string[]).includes(value);
+
 /**
  * Rebuilds the in-memory tasks from Docker (what runs) and task.json (what was intended),
  * before the API serves. A task owns only the GPUs it newly locks here, so two restored
@@ -52,40 +68,9 @@ export async function restoreTasks(ctx: RunnerContext): Promise<RestoreReport> {
   const reads = [dirs.scan(), docker.listTaskContainers(ctx.shutdown)] as const;
   await Promise.allSettled(reads);
   const [scanned, containers] = await Promise.all(reads);
+  await failpoint("mid-restore");
 
-  const states = new Map<string, { dir: string; state: TaskState }>();
-  const quarantined: string[] = [];
-  const skippedNewer: string[] = [];
-  for (const entry of scanned) {
-    if (entry.kind === "no-state") continue;
-    if (entry.kind === "unreadable") {
-      if (entry.error instanceof UnsupportedTaskStateVersionError) {
-        log.warn({ dir: entry.dir, err: entry.error }, "task state of a newer format left alone");
-        skippedNewer.push(entry.dir);
-      } else {
-        const target = await dirs.quarantine(entry.dir, errorMessage(entry.error)).catch((error: unknown) => {
-          log.error(
-            { dir: entry.dir, err: error },
-            "corrupt task state could not be moved to the quarantine",
-          );
-          return entry.dir;
-        });
-        log.error(
-          { dir: entry.dir, quarantinedAs: target, err: entry.error },
-          "corrupt task state quarantined",
-        );
-        quarantined.push(target);
-      }
-      continue;
-    }
-    if (states.has(entry.state.id)) {
-      log.error({ dir: entry.dir, taskId: entry.state.id }, "duplicate task state ignored");
-      continue;
-    }
-    states.set(entry.state.id, { dir: entry.dir, state: entry.state });
-  }
-
-  const newerDirs = new Map(skippedNewer.map((dir) => [basename(dir), dir]));
+  const { states, newer, quarantined, quarantineFailed, skippedNewer } = await sortScanned(ctx, scanned);
   const ignoredContainers: string[] = [];
   const changed: string[] = [];
   const resumed: string[] = [];
@@ -94,11 +79,16 @@ export async function restoreTasks(ctx: RunnerContext): Promise<RestoreReport> {
   /** GPU id → the restored task that holds it. */
   const gpuHolders = new Map<string, string>();
   // The one ownership rule: another home's containers (and unclaimed ones) are not ours to act on.
-  const hasTaskState = (taskId: string): boolean => states.has(taskId);
+  // A newer release's task.json is a task.json of that id all the same.
+  const hasTaskState = (taskId: string): boolean => states.has(taskId) || newer.byId.has(taskId);
   const ours = ctx.ownership.filter(containers, hasTaskState);
   const foreignContainers = containers.filter((c) => !ours.includes(c)).map((c) => c.name);
   for (const container of ours) {
-    if (container.taskId === "") {
+    // A label that is not a task id (forged, or a bug) can never be a task of the API.
+    if (container.taskId === "" || !isValidTaskId(container.taskId)) {
+      if (container.taskId !== "") {
+        log.warn({ container: container.name }, "container with an invalid task id label ignored");
+      }
       ignoredContainers.push(container.name);
       continue;
     }
@@ -125,7 +115,9 @@ export async function restoreTasks(ctx: RunnerContext): Promise<RestoreReport> {
   );
   const details = new Map(found.map((c, i) => [c.id, inspected[i]]));
   for (const [taskId, container] of byTask) {
-    const stored = states.get(taskId);
+    const ownState = states.get(taskId);
+    const newerState = ownState ? undefined : (newer.byId.get(taskId) ?? newer.byName.get(container.name));
+    const stored = ownState ?? newerState;
     const inspect = details.get(container.id);
     const unowned = ctx.ownership.classify(container, hasTaskState) === "unowned-adopted";
     // Adopted without any state (--adopt-unowned): its volumes come from its mounts (dstack
@@ -170,9 +162,10 @@ export async function restoreTasks(ctx: RunnerContext): Promise<RestoreReport> {
         : stored?.state.status && PRE_CONTAINER.includes(stored.state.status) && container.state === "created"
           ? "creating"
           : "running";
-    const foreignDir = stored ? undefined : newerDirs.get(container.name);
-    const taskDir = stored?.dir ?? foreignDir ?? (adoptedDir || legacyDir(ctx, container.name));
-    const keysUnknown = stored ? stored.state.keys_unknown === true : foreignDir === undefined;
+    const taskDir = stored?.dir ?? (adoptedDir || legacyDir(ctx, container.name));
+    // Held: a newer release's, or a dir whose unreadable state file could not be quarantined.
+    const held = stored?.held ?? (taskDir !== "" ? dirs.heldBy(taskDir) : undefined);
+    const keysUnknown = stored ? stored.state.keys_unknown === true : held === undefined;
     const reordered = add(ctx, {
       ...withTimes(newTask(config), stored?.state, inspect?.startedAt),
       id: taskId,
@@ -187,10 +180,11 @@ export async function restoreTasks(ctx: RunnerContext): Promise<RestoreReport> {
       cleanedUp,
       ...(stored?.state.exit_code !== undefined ? { exitCode: stored.state.exit_code } : {}),
       ...(stored?.state.unknown_fields ? { unknownFields: stored.state.unknown_fields } : {}),
-      ...(foreignDir !== undefined ? { foreign: true } : {}),
+      ...(held !== undefined ? { held } : {}),
       ...(keysUnknown ? { degraded: true } : {}),
       ...(container.state !== "created" && acrossReboot(ctx, stored?.state) ? { acrossReboot: true } : {}),
     });
+    if (held !== undefined) continue;
     if (status === "creating") resumed.push(taskId);
     if (
       (unowned && adoptedDir !== "") ||
@@ -200,18 +194,25 @@ export async function restoreTasks(ctx: RunnerContext): Promise<RestoreReport> {
       changed.push(taskId);
   }
 
-  for (const [taskId, { dir, state }] of states) {
-    if (byTask.has(taskId)) continue;
+  const withoutContainer = [...states.values(), ...newer.byId.values()];
+  for (const { dir, state, held } of withoutContainer) {
+    if (byTask.has(state.id)) continue;
+    if (held?.kind === "newer-format" && states.has(state.id)) {
+      log.error({ dir, taskId: state.id }, "duplicate task state ignored");
+      continue;
+    }
     const reason = state.termination_reason;
     const persisted = state.status;
     let status: TaskStatus;
-    if (reason !== "") status = "terminated";
+    if (held !== undefined) status = heldStatus(state);
+    else if (reason !== "") status = "terminated";
     else if (persisted && PRE_CONTAINER.includes(persisted)) status = persisted;
     // It ran (or a dstack-shim wrote it): its container is gone. The reconciler finalizes it
     // as "container not found" with the exit code unknown.
     else status = "running";
     const reordered = add(ctx, {
       ...withTimes(newTask(state.config), state, undefined),
+      ...(held !== undefined ? { containerName: basename(dir) } : {}),
       status,
       terminationReason: reason,
       terminationMessage: state.termination_message,
@@ -219,14 +220,16 @@ export async function restoreTasks(ctx: RunnerContext): Promise<RestoreReport> {
       cleanedUp: state.cleaned_up,
       ...(state.exit_code !== undefined ? { exitCode: state.exit_code } : {}),
       ...(state.unknown_fields ? { unknownFields: state.unknown_fields } : {}),
+      ...(held !== undefined ? { held } : {}),
       ...(!PRE_CONTAINER.includes(status) && acrossReboot(ctx, state) ? { acrossReboot: true } : {}),
     });
-    if (PRE_CONTAINER.includes(status)) resumed.push(taskId);
-    if (reordered) changed.push(taskId);
+    if (held !== undefined) continue;
+    if (PRE_CONTAINER.includes(status)) resumed.push(state.id);
+    if (reordered) changed.push(state.id);
   }
 
   const quarantineHeld = await dirs.sweepQuarantine();
-  await sweepCredentials(ctx, scanned, skippedNewer);
+  await sweepCredentials(ctx, scanned);
   // A foreign container's name keeps a dir of that name too: it may be another home's handover.
   const swept = await dirs.sweepLeftovers(new Set(containers.map((c) => c.name)));
   if (swept.length > 0) log.info({ swept }, "leftover task dirs swept");
@@ -235,6 +238,7 @@ export async function restoreTasks(ctx: RunnerContext): Promise<RestoreReport> {
       restored: store.size,
       resumed: resumed.length,
       quarantined: quarantined.length,
+      ...(quarantineFailed.length > 0 ? { quarantineFailed: quarantineFailed.length } : {}),
       skippedNewer: skippedNewer.length,
       foreign: foreignContainers.length,
       adoptedUnowned: adoptedUnowned.length,
@@ -246,6 +250,7 @@ export async function restoreTasks(ctx: RunnerContext): Promise<RestoreReport> {
     resumed,
     quarantined,
     quarantineHeld,
+    quarantineFailed,
     skippedNewer,
     ignoredContainers,
     foreignContainers,
@@ -254,6 +259,161 @@ export async function restoreTasks(ctx: RunnerContext): Promise<RestoreReport> {
     changed,
     listed: containers,
   };
+}
+
+/** A state file the restore builds a task from: this version's, or what a newer one's shows. */
+interface StoredTask {
+  readonly dir: string;
+  readonly state: TaskState;
+  /** Set for a task this version leaves alone (a newer release's). */
+  readonly held?: TaskHold;
+}
+
+/** The scan sorted: what is restored, what is left alone, what was set aside. */
+interface SortedScan {
+  /** Readable state files of this version, by task id (a newer release's status among them, held). */
+  readonly states: Map<string, StoredTask>;
+  /** A newer format's files: by task id when it could be read, by dir name (the container's) always. */
+  readonly newer: { readonly byId: Map<string, StoredTask>; readonly byName: Map<string, StoredTask> };
+  readonly quarantined: string[];
+  readonly quarantineFailed: string[];
+  readonly skippedNewer: string[];
+}
+
+/**
+ * Sorts the scanned task dirs: this version's states are kept (a dir wider than 0700 was
+ * narrowed: logged); a newer release's are left alone and their dirs held; anything unreadable
+ * (bad JSON, a forged id, too large, a FIFO or a symlink) and any dir the shim does not enter (a
+ * symlink, another user's) is moved to the quarantine with a note. A move that fails is reported
+ * as failed, never as done, and the dir is held: nothing this version writes lands on it.
+ */
+async function sortScanned(ctx: RunnerContext, scanned: readonly ScannedTaskDir[]): Promise<SortedScan> {
+  const { dirs, log } = ctx;
+  const sorted: SortedScan = {
+    states: new Map(),
+    newer: { byId: new Map(), byName: new Map() },
+    quarantined: [],
+    quarantineFailed: [],
+    skippedNewer: [],
+  };
+  /** Moves what cannot be used aside; `cause` says why (a read error, or why a dir is not entered). */
+  const setAside = async (dir: string, cause: Error | string, what: "file" | "dir"): Promise<void> => {
+    const reason = typeof cause === "string" ? cause : errorMessage(cause);
+    const why = typeof cause === "string" ? { reason } : { reason, err: cause };
+    try {
+      const target =
+        what === "file" ? await dirs.quarantine(dir, reason) : await dirs.quarantineDir(dir, reason);
+      log.error(
+        { dir, quarantinedAs: target, ...why },
+        what === "file" ? "corrupt task state quarantined" : "task dir quarantined",
+      );
+      sorted.quarantined.push(target);
+    } catch (error) {
+      // Reported as what it is: nothing was moved. The dir is held so that no later write of
+      // this release (a submit, a terminate) lands on the evidence.
+      log.error(
+        { dir, ...why, quarantineError: errorMessage(error) },
+        what === "file"
+          ? "corrupt task state could not be quarantined: left in place and never written, until a human moves it"
+          : "task dir could not be quarantined: left in place and never written, until a human moves it",
+      );
+      dirs.hold(dir, { kind: "unquarantined", reason: errorMessage(error) });
+      sorted.quarantineFailed.push(dir);
+    }
+  };
+  for (const entry of scanned) {
+    if (entry.narrowedFrom !== undefined) {
+      log.warn(
+        { dir: entry.dir, mode: `0${entry.narrowedFrom.toString(8)}` },
+        "task dir was wider than 0700; narrowed to 0700",
+      );
+    }
+    if (entry.kind === "no-state") continue;
+    if (entry.kind === "unsafe") {
+      await setAside(entry.dir, `task dir not entered: ${entry.why}`, "dir");
+      continue;
+    }
+    if (entry.kind === "unreadable") {
+      if (entry.error instanceof UnsupportedTaskStateVersionError) {
+        log.warn({ dir: entry.dir, err: entry.error }, "task state of a newer format left alone");
+        sorted.skippedNewer.push(entry.dir);
+        const { view, version } = entry.error;
+        const hold: TaskHold = {
+          kind: "newer-format",
+          version: Number(version),
+          ...(view?.status !== undefined ? { status: view.status } : {}),
+        };
+        dirs.hold(entry.dir, hold);
+        const shown: StoredTask = { dir: entry.dir, state: newerState(view, entry.dir), held: hold };
+        sorted.newer.byName.set(basename(entry.dir), shown);
+        if (view !== undefined && !sorted.newer.byId.has(view.id)) sorted.newer.byId.set(view.id, shown);
+      } else {
+        await setAside(entry.dir, entry.error, "file");
+      }
+      continue;
+    }
+    const { state } = entry;
+    if (sorted.states.has(state.id)) {
+      log.error({ dir: entry.dir, taskId: state.id }, "duplicate task state ignored");
+      continue;
+    }
+    if (state.unknown_status !== undefined) {
+      // A newer release's status in this format (its pending task, say): never finalized,
+      // resumed or released here, and its file never rewritten.
+      log.warn(
+        { dir: entry.dir, taskId: state.id, status: state.unknown_status },
+        "task state with a newer release's status left alone",
+      );
+      sorted.skippedNewer.push(entry.dir);
+      const hold: TaskHold = { kind: "newer-status", status: state.unknown_status };
+      dirs.hold(entry.dir, hold);
+      sorted.states.set(state.id, { dir: entry.dir, state, held: hold });
+      continue;
+    }
+    sorted.states.set(state.id, { dir: entry.dir, state });
+  }
+  return sorted;
+}
+
+/**
+ * A newer release's file as a state of this version, to show it: what could be read, with the
+ * dir's name standing in for a name it lacks and `unknown` for its image. Without a view (no
+ * valid id) it only stands for its dir, matched to a container by name.
+ */
+function newerState(view: NewerTaskStateView | undefined, dir: string): TaskState {
+  const stem = basename(dir).replace(/-[0-9a-f]{8}$/, "");
+  const id = view?.id ?? "";
+  const known = view?.status !== undefined && isTaskStatus(view.status) ? { status: view.status } : {};
+  return {
+    version: TASK_STATE_VERSION,
+    id,
+    config: decodeStoredConfig({
+      id: id || "unknown",
+      name: view?.name ?? (isValidTaskName(stem) ? stem : "task"),
+      image_name: view?.image_name ?? "unknown",
+    }),
+    termination_reason: (view?.termination_reason ?? "") as TerminationReason | "",
+    termination_message: view?.termination_message ?? "",
+    // Its cleanup inputs are the newer release's: a restored container's GPUs are locked all the same.
+    cleaned_up: false,
+    // Its keys are known to the newer release only: entries are kept while it lives.
+    keys_unknown: false,
+    ...known,
+    ...(view?.exit_code !== undefined ? { exit_code: view.exit_code } : {}),
+    ...(view?.created_at !== undefined ? { created_at: view.created_at } : {}),
+    ...(view?.started_at !== undefined ? { started_at: view.started_at } : {}),
+    ...(view?.finished_at !== undefined ? { finished_at: view.finished_at } : {}),
+  };
+}
+
+/**
+ * The status a held task without a container is shown in: the one its file holds when this
+ * version knows it, else `terminated` with a reason and `pending` without (the wire's statuses
+ * are dstack-shim's; the file's own is in the answer's `held`).
+ */
+function heldStatus(state: TaskState): TaskStatus {
+  if (state.status !== undefined) return state.status;
+  return state.termination_reason !== "" ? "terminated" : "pending";
 }
 
 const RESTORE_INSPECT_CONCURRENCY = 16;
@@ -273,19 +433,19 @@ function needsInspect(
  * Registry credentials are kept only for a pull still to come: they are deleted from every
  * restored task past `creating` (a start, or a release, that could not delete them — a full
  * disk, a kill) and from every dir without a valid task.json (a submit cut or failed before
- * it). A dir of a newer format is left alone.
+ * it). A held dir (a newer release's, or evidence) and a dir the shim does not enter are left
+ * alone.
  */
-async function sweepCredentials(
-  ctx: RunnerContext,
-  scanned: readonly ScannedTaskDir[],
-  skippedNewer: readonly string[],
-): Promise<void> {
-  const newer = new Set(skippedNewer);
+async function sweepCredentials(ctx: RunnerContext, scanned: readonly ScannedTaskDir[]): Promise<void> {
   const dirs = new Set<string>();
-  for (const entry of scanned) if (entry.kind !== "state" && !newer.has(entry.dir)) dirs.add(entry.dir);
+  for (const entry of scanned) {
+    if (entry.kind !== "state" && entry.kind !== "unsafe" && ctx.dirs.heldBy(entry.dir) === undefined)
+      dirs.add(entry.dir);
+  }
   for (const task of ctx.store.list()) {
     // Stryker disable next-line StringLiteral: a "" dir added is a no-op (deleteRegistryAuth returns at once for "").
-    if (task.taskDir !== "" && !task.foreign && !PRE_CONTAINER.includes(task.status)) dirs.add(task.taskDir);
+    if (task.taskDir !== "" && task.held === undefined && !PRE_CONTAINER.includes(task.status))
+      dirs.add(task.taskDir);
   }
   // The scan listed most of these dirs: only those that held the file are asked to delete it.
   const listed = new Map(scanned.map((entry) => [entry.dir, entry.names]));
@@ -355,9 +515,11 @@ function legacyConfig(
 ): TaskConfig {
   // A mount whose name the submit would refuse is not taken for a volume this task may release.
   const named = volumes.filter((v) => isValidVolumeName(v.name));
+  // A name its task.json could not be read back with (a very long container name) is not kept.
+  const stem = container.name.replace(/-[0-9a-f]{8}$/, "");
   return decodeStoredConfig({
     id: taskId,
-    name: container.name.replace(/-[0-9a-f]{8}$/, "") || "task",
+    name: isValidTaskName(stem) ? stem : "task",
     image_name: "unknown",
     volumes: named.map((v) => ({ name: v.name })),
     volume_mounts: named.map((v) => ({ name: v.name, path: v.path })),

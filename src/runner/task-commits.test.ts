@@ -85,13 +85,13 @@ describe("TaskRunner.commit under storage faults", () => {
 });
 
 describe("TaskRunner.catchUpStorage", () => {
-  it("deletes the credentials of running and terminated tasks only, never a foreign task's", async () => {
+  it("deletes the credentials of running and terminated tasks only, never a held task's", async () => {
     const auth = { username: "u", password: "p" };
     const { task: running } = await env.seedTask({ status: "running" });
     const { task: terminated } = await env.seedTask({ status: "terminated", containerState: "exited" });
     const { task: pulling } = await env.seedTask({ status: "pulling", containerState: "none" });
     const { task: foreign } = await env.seedTask({ status: "terminated", containerState: "exited" });
-    env.ctx.store.modify(foreign.id, (d) => (d.foreign = true));
+    env.ctx.store.modify(foreign.id, (d) => (d.held = { kind: "newer-format", version: 2 }));
     for (const t of [running, terminated, pulling, foreign]) await writeRegistryAuth(t.taskDir, auth);
     expect(await env.runner.catchUpStorage()).toBe(true);
     const has = (dir: string): boolean => existsSync(join(dir, REGISTRY_AUTH_FILE));

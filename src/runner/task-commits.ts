@@ -85,7 +85,8 @@ export class TaskCommits {
         .list()
         .filter(
           // Stryker disable next-line ConditionalExpression,StringLiteral: the taskDir check only spares a call: deleteRegistryAuth("") returns at once
-          (t) => t.taskDir !== "" && !t.foreign && (t.status === "running" || t.status === "terminated"),
+          (t) =>
+            t.taskDir !== "" && t.held === undefined && (t.status === "running" || t.status === "terminated"),
         )
         .map((t) => deleteRegistryAuth(t.taskDir)),
     );

@@ -13,7 +13,7 @@ import type { RunnerContext } from "./runner-context.js";
 export function reconcileHostKeys(ctx: RunnerContext, extraUsers: readonly string[] = []): Promise<void> {
   const keepExisting = ctx.store
     .list()
-    .some((t) => (t.degraded === true || t.foreign === true) && !t.cleanedUp && t.status !== "terminated");
+    .some((t) => (t.degraded === true || t.held !== undefined) && !t.cleanedUp && t.status !== "terminated");
   return ctx.hostKeys.reconcile(() => hostKeysByUser(ctx.store, extraUsers), { keepExisting });
 }
 

@@ -209,7 +209,11 @@ describe("TaskPersister: what is not written", () => {
 
   it.each([
     ["without a task dir (a task not created on disk)", { taskDir: "" }],
-    ["of another home (foreign)", { foreign: true }],
+    ["held by a newer release", { held: { kind: "newer-format", version: 2 } }],
+    [
+      "whose unreadable state file could not be quarantined",
+      { held: { kind: "unquarantined", reason: "x" } },
+    ],
   ])("writes nothing for a task %s, and does not count it unsynced", async (_label, fields) => {
     io.fail = errno("EIO");
     await expect(persister.persist("t1")).rejects.toThrow(TaskPersistError);

@@ -110,7 +110,8 @@ export class TaskPersister {
   }
 
   private async write(task: Task): Promise<void> {
-    if (task.taskDir === "" || task.foreign) {
+    // A held task's file is never written: a newer release's, or evidence left for a human.
+    if (task.taskDir === "" || task.held !== undefined) {
       this.unsynced.delete(task.id);
       return;
     }

@@ -14,8 +14,8 @@ import { reconcileHostKeys } from "./task-host-keys.js";
 export async function releaseTask(ctx: RunnerContext, commits: TaskCommits, id: string): Promise<void> {
   const { store, volumes, gpuLock, log } = ctx;
   const task = store.get(id);
-  // A task of a newer state format is read-only: its cleanup inputs are not ours to act on.
-  if (!task || task.cleanedUp || task.foreign) return;
+  // A held task is read-only: its cleanup inputs are not ours to act on.
+  if (!task || task.cleanedUp || task.held !== undefined) return;
   store.modify(id, (d) => (d.cleanedUp = true));
   const problems: string[] = [];
   await deleteRegistryAuth(task.taskDir);

@@ -1,5 +1,5 @@
 /*
- * The lifecycle engine's edges: error names and messages on the wire, foreign (newer-format)
+ * The lifecycle engine's edges: error names and messages on the wire, held (a newer release's)
  * tasks, credentials kept only as long as needed, and the resources a start that stops half-way
  * keeps or hands over. (Storage faults of its own writes: task-commits.test.ts.)
  */
@@ -21,8 +21,8 @@ let lines: string[];
 useRunnerEnv((current) => ({ env, lines } = current));
 const logged = (msg: string): Record<string, unknown>[] => loggedAs(lines, msg);
 
-const foreignMessage = (id: string): string =>
-  `task ${id} has a state file of a newer taskshim version; only that version may change it`;
+const heldMessage = (id: string): string =>
+  `task ${id} is held by a newer taskshim (task.json version 2): this release leaves it alone`;
 
 describe("TaskRunner errors", () => {
   it("names its errors as the API maps them", async () => {
@@ -41,11 +41,15 @@ describe("TaskRunner errors", () => {
     expect((state as Error).name).toBe("TaskStateError");
   });
 
-  it("refuses to terminate or remove a foreign task, changing nothing", async () => {
+  it("refuses to submit, terminate or remove a held task, changing nothing", async () => {
     const { task, container } = await env.seedTask();
-    env.ctx.store.modify(task.id, (d) => (d.foreign = true));
+    const before = readFileSync(join(task.taskDir, "task.json"), "utf8");
+    env.ctx.store.modify(task.id, (d) => (d.held = { kind: "newer-format", version: 2 }));
+    await expect(env.runner.submit(task.config, { username: "", password: "" })).rejects.toThrow(
+      new TaskStateError(heldMessage(task.id)),
+    );
     await expect(env.runner.terminate(task.id, 0, "terminated_by_user", "")).rejects.toThrow(
-      new TaskStateError(foreignMessage(task.id)),
+      new TaskStateError(heldMessage(task.id)),
     );
     expect(env.ctx.store.mustGet(task.id).status).toBe("running");
     expect(container?.state).toBe("running");
@@ -53,9 +57,10 @@ describe("TaskRunner errors", () => {
       d.status = "terminated";
       d.terminationReason = "terminated_by_user";
     });
-    await expect(env.runner.remove(task.id)).rejects.toThrow(new TaskStateError(foreignMessage(task.id)));
+    await expect(env.runner.remove(task.id)).rejects.toThrow(new TaskStateError(heldMessage(task.id)));
     expect(env.docker.count("removeContainer")).toBe(0);
     expect(existsSync(task.taskDir)).toBe(true);
+    expect(readFileSync(join(task.taskDir, "task.json"), "utf8")).toBe(before);
   });
 
   it("answers a failed container removal with a TaskOperationError and keeps the task", async () => {

@@ -182,7 +182,7 @@ describe("TaskRunner.hostKeysByUser", () => {
     ]);
   });
 
-  it("reconciles with no extra user by default, and keeps entries while a foreign task lives", async () => {
+  it("reconciles with no extra user by default, and keeps entries while a held task lives", async () => {
     const reconcile = vi.spyOn(env.ctx.hostKeys, "reconcile").mockResolvedValue(undefined);
     await env.runner.reconcileHostKeys();
     const first = reconcile.mock.calls[0];
@@ -192,7 +192,7 @@ describe("TaskRunner.hostKeysByUser", () => {
     expect(users).toEqual(new Map());
     expect(first?.[1]).toEqual({ keepExisting: false });
     const { task } = await env.seedTask();
-    env.ctx.store.modify(task.id, (d) => (d.foreign = true));
+    env.ctx.store.modify(task.id, (d) => (d.held = { kind: "newer-format", version: 2 }));
     await env.runner.reconcileHostKeys();
     expect(reconcile.mock.calls[1]?.[1]).toEqual({ keepExisting: true });
     env.ctx.store.modify(task.id, (d) => (d.cleanedUp = true));

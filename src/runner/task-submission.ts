@@ -3,13 +3,19 @@ import { unlink } from "node:fs/promises";
 import { join } from "node:path";
 import { errorMessage } from "../errors/error-message.js";
 import { isStorageError, StorageUnavailableError } from "../state/storage-health.js";
-import { newTask, type Task } from "../tasks/task.js";
-import { sameTaskConfig, type RegistryAuth, type TaskConfig } from "../tasks/task-config.js";
+import { encodedTaskStateBytes, TASK_STATE_SUBMIT_MAX_BYTES } from "../state/task-state-file.js";
+import { heldMessage, newTask, type Task } from "../tasks/task.js";
+import {
+  InvalidTaskConfigError,
+  sameTaskConfig,
+  type RegistryAuth,
+  type TaskConfig,
+} from "../tasks/task-config.js";
 import { failpoint } from "./failpoints.js";
 import { deleteRegistryAuth, REGISTRY_AUTH_FILE, writeRegistryAuth } from "./registry-auth-file.js";
 import type { RunnerContext } from "./runner-context.js";
 import type { TaskCommits } from "./task-commits.js";
-import { TaskConflictError, TaskOperationError } from "./task-errors.js";
+import { TaskConflictError, TaskOperationError, TaskStateError } from "./task-errors.js";
 import { TaskPersistError } from "./task-persister.js";
 
 /**
@@ -35,12 +41,15 @@ export class TaskSubmissions {
   async submit(config: TaskConfig, auth: RegistryAuth): Promise<Task> {
     const existing = this.ctx.store.get(config.id);
     if (existing) {
+      // Never answered as the same task, never written over: a newer release's, or evidence.
+      if (existing.held) throw new TaskStateError(heldMessage(config.id, existing.held));
       if (!sameTaskConfig(existing.config, config)) {
         throw new TaskConflictError(`task ${config.id} is already submitted with a different config`);
       }
       await this.submits.get(config.id);
       return this.ctx.store.mustGet(config.id);
     }
+    this.refuseUnwritable(newTask(config));
     const { containerName } = this.ctx.store.add(newTask(config));
     const persisted = this.makeDurable(config, auth, containerName);
     this.submits.set(config.id, persisted);
@@ -53,6 +62,22 @@ export class TaskSubmissions {
     this.ctx.log.info({ taskId: config.id, containerName, image: config.image_name }, "task submitted");
     this.startInBackground(config.id);
     return this.ctx.store.mustGet(config.id);
+  }
+
+  /**
+   * Refuses, before anything is kept, a task whose dir is held (a state file there that this
+   * release could neither read nor quarantine: a submit would write over it) and one whose
+   * task.json would be too large for a later start to read once it gains its reason and times.
+   */
+  private refuseUnwritable(task: Task): void {
+    const hold = this.ctx.dirs.heldBy(this.ctx.dirs.dirFor(task.containerName));
+    if (hold !== undefined) throw new TaskStateError(heldMessage(task.id, hold));
+    const bytes = encodedTaskStateBytes(task, this.ctx.bootId);
+    if (bytes > TASK_STATE_SUBMIT_MAX_BYTES) {
+      throw new InvalidTaskConfigError(
+        `task config too large: its task.json would be ${bytes} bytes (at most ${TASK_STATE_SUBMIT_MAX_BYTES})`,
+      );
+    }
   }
 
   /** Writes the new task's dir, credentials and task.json; on a failure, undoes all of it. */

@@ -1,6 +1,6 @@
 import { engineTime } from "../docker/docker-client.js";
 import { errorMessage } from "../errors/error-message.js";
-import type { Task } from "../tasks/task.js";
+import { heldMessage, type Task } from "../tasks/task.js";
 import type { TerminationReason } from "../tasks/termination-reason.js";
 import { failpoint } from "./failpoints.js";
 import type { ImagePulls } from "./image-pull.js";
@@ -9,9 +9,6 @@ import type { RunnerContext } from "./runner-context.js";
 import type { TaskCommits } from "./task-commits.js";
 import { TaskOperationError, TaskStateError } from "./task-errors.js";
 import type { TaskStarts } from "./task-start.js";
-
-const foreignMessage = (id: string): string =>
-  `task ${id} has a state file of a newer taskshim version; only that version may change it`;
 
 /**
  * The end of a task a request asks for: terminate (the intent durable first, then the stop) and
@@ -48,7 +45,7 @@ export class TaskTermination {
     const unlock = await store.lock(id);
     try {
       const before = store.mustGet(id);
-      if (before.foreign) throw new TaskStateError(foreignMessage(id));
+      if (before.held) throw new TaskStateError(heldMessage(id, before.held));
       const stopsFirst = before.status === "running" && before.containerId !== undefined;
       // The intent is durable before anything acts on it; if the home cannot take it, nothing
       // changed (the reconciler must never stop a container for a terminate the disk lacks).
@@ -138,7 +135,7 @@ export class TaskTermination {
     const unlock = await store.lock(id);
     try {
       const task = store.mustGet(id);
-      if (task.foreign) throw new TaskStateError(foreignMessage(id));
+      if (task.held) throw new TaskStateError(heldMessage(id, task.held));
       if (task.status !== "terminated") {
         throw new TaskStateError(`cannot remove task ${id} with ${task.status} status`);
       }

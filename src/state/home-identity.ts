@@ -1,6 +1,6 @@
 import { randomUUID } from "node:crypto";
-import { readFile } from "node:fs/promises";
 import { join } from "node:path";
+import { FileTooLargeError, NotRegularFileError, readBoundedFile } from "./bounded-read.js";
 import { writeFileDurably } from "./durable-write.js";
 import { errorMessage } from "../errors/error-message.js";
 
@@ -8,6 +8,8 @@ import { errorMessage } from "../errors/error-message.js";
 export const HOME_ID_FILE = ".taskshim-home-id";
 
 const VALID_ID = /^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/;
+/** The most of the identity file that is read: an identity is at most 128 characters. */
+export const HOME_ID_MAX_BYTES = 4096;
 
 /** The home's identity file exists but cannot be used. */
 export class HomeIdentityError extends Error {
@@ -26,8 +28,15 @@ export async function loadHomeIdentity(home: string): Promise<string> {
   const path = join(home, HOME_ID_FILE);
   let text: string;
   try {
-    text = await readFile(path, "utf8");
+    // Never through a symlink nor by a blocking open: a FIFO here held the start for ever.
+    text = await readBoundedFile(path, HOME_ID_MAX_BYTES);
   } catch (error) {
+    if (error instanceof NotRegularFileError || error instanceof FileTooLargeError) {
+      throw new HomeIdentityError(
+        `the home identity ${error.message}: restore it, or delete it to give this home a new identity`,
+        { cause: error },
+      );
+    }
     if ((error as NodeJS.ErrnoException).code !== "ENOENT") {
       throw new HomeIdentityError(`cannot read the home identity ${path}: ${errorMessage(error)}`, {
         cause: error,

@@ -3,6 +3,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { pino, type Logger } from "pino";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
+import { NotRegularFileError } from "./bounded-read.js";
 import { HOME_ID_FILE, HomeIdentityError, loadHomeIdentity } from "./home-identity.js";
 import { HomeWatch } from "./home-watch.js";
 
@@ -39,13 +40,15 @@ describe("loadHomeIdentity, in detail", () => {
     );
   });
 
-  it("refuses an identity it cannot read (other than a missing one), with the cause, and writes none", async () => {
+  it("refuses an identity that is not a regular file, naming it in one line, with the cause, and writes none", async () => {
     const path = join(home, HOME_ID_FILE);
     await mkdir(path);
     const error = await loadHomeIdentity(home).catch((e: unknown) => e);
     expect(error).toBeInstanceOf(HomeIdentityError);
-    expect((error as Error).message).toMatch(new RegExp(`^cannot read the home identity ${path}: EISDIR`));
-    expect(((error as Error).cause as NodeJS.ErrnoException).code).toBe("EISDIR");
+    expect((error as Error).message).toBe(
+      `the home identity ${path} is a directory, not a regular file: restore it, or delete it to give this home a new identity`,
+    );
+    expect((error as Error).cause).toBeInstanceOf(NotRegularFileError);
   });
 
   it("writes a new identity as one line, readable by all", async () => {

@@ -1,8 +1,9 @@
 import { constants } from "node:fs";
-import { open, readFile, stat, type FileHandle } from "node:fs/promises";
+import { open, stat, type FileHandle } from "node:fs/promises";
 import { join } from "node:path";
 import type { Logger } from "pino";
-import { HOME_ID_FILE } from "./home-identity.js";
+import { readBoundedFile } from "./bounded-read.js";
+import { HOME_ID_FILE, HOME_ID_MAX_BYTES } from "./home-identity.js";
 
 /** How often the home is checked: a deleted or replaced home is noticed within this (< 5 s). */
 export const HOME_WATCH_INTERVAL_MS = 2_000;
@@ -93,7 +94,10 @@ export class HomeWatch {
     }
     if (info.dev !== this.identity.dev || info.ino !== this.identity.ino)
       return `home ${this.home} was replaced by another directory`;
-    const id = await readFile(join(this.home, HOME_ID_FILE), "utf8").catch(() => undefined);
+    // Bounded and never blocking (a FIFO put there would hold every later check).
+    const id = await readBoundedFile(join(this.home, HOME_ID_FILE), HOME_ID_MAX_BYTES).catch(
+      (error: unknown) => ((error as NodeJS.ErrnoException).code === "ENOENT" ? undefined : ""),
+    );
     if (id === undefined) return `the home identity ${HOME_ID_FILE} was deleted`;
     if (id.trim() !== this.homeId) return `the home identity ${HOME_ID_FILE} was replaced`;
     return undefined;

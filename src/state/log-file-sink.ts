@@ -1,5 +1,6 @@
 import * as realFs from "node:fs";
 import { errorMessage } from "../errors/error-message.js";
+import { fileKindOf, NotRegularFileError } from "./bounded-read.js";
 
 /** The synchronous file calls the sink makes; a port so tests can make them fail. */
 export type LogFileOps = Pick<
@@ -35,6 +36,73 @@ export interface LogFileSinkState {
 }
 
 const MIB = 1024 * 1024;
+
+/**
+ * How the log file is opened: for appending, created 0600, never through a symlink (which could
+ * send the shim's lines into any file it can write) and never by a blocking open (a FIFO without
+ * a reader would hold the start for ever, the home lock with it).
+ */
+const OPEN_FLAGS =
+  realFs.constants.O_WRONLY |
+  realFs.constants.O_APPEND |
+  realFs.constants.O_CREAT |
+  realFs.constants.O_NOFOLLOW |
+  realFs.constants.O_NONBLOCK |
+  realFs.constants.O_NOCTTY;
+
+/**
+ * Opens the log file at `path` for appending (see {@link OPEN_FLAGS}); what it opened must be a
+ * regular file, or it is closed again and the open fails (`NotRegularFileError`): a FIFO with a
+ * reader, a device, or a socket is not where the log goes.
+ */
+function openLogFile(fs: LogFileOps, path: string): { fd: number; dev: number; ino: number } {
+  let fd: number;
+  try {
+    fd = fs.openSync(path, OPEN_FLAGS, 0o600);
+  } catch (error) {
+    const code = (error as NodeJS.ErrnoException).code;
+    // ELOOP: a symlink (O_NOFOLLOW); ENXIO: a FIFO without a reader, or a socket.
+    if (code === "ELOOP") throw new NotRegularFileError(path, "a symbolic link", { cause: error });
+    if (code === "ENXIO") throw new NotRegularFileError(path, "not a regular file", { cause: error });
+    throw error;
+  }
+  try {
+    const stats = fs.fstatSync(fd);
+    if (!stats.isFile()) throw new NotRegularFileError(path, fileKindOf(stats));
+    return { fd, dev: stats.dev, ino: stats.ino };
+  } catch (error) {
+    try {
+      fs.closeSync(fd);
+    } catch {
+      // the refusal matters, not the close
+    }
+    throw error;
+  }
+}
+
+/**
+ * Narrows an existing log file to 0600 (one made by an earlier version was 0644), through a
+ * handle opened without following a symlink and only when it is a regular file: a chmod of the
+ * path would have followed a symlink to any file. Never throws.
+ */
+export function narrowLogFileMode(path: string): void {
+  let fd: number | undefined;
+  try {
+    fd = realFs.openSync(
+      path,
+      realFs.constants.O_RDONLY |
+        realFs.constants.O_NOFOLLOW |
+        realFs.constants.O_NONBLOCK |
+        realFs.constants.O_NOCTTY,
+    );
+    const stats = realFs.fstatSync(fd);
+    if (stats.isFile() && (stats.mode & 0o077) !== 0) realFs.fchmodSync(fd, 0o600);
+  } catch {
+    // absent, a symlink, or not ours: the sink reports what matters when it opens the file
+  } finally {
+    if (fd !== undefined) realFs.close(fd, () => undefined);
+  }
+}
 
 function writeStderr(line: string): void {
   try {
@@ -154,7 +222,7 @@ export class LogFileSink {
   /** After close(): appends `data` through a descriptor of its own, closed before returning. */
   private appendOnce(data: Buffer, text: string): void {
     try {
-      this.fd = this.fs.openSync(this.path, "a", 0o600);
+      this.fd = openLogFile(this.fs, this.path).fd;
     } catch (error) {
       this.fail(error);
       this.drop(countLines(text));
@@ -263,8 +331,8 @@ export class LogFileSink {
     // Stryker disable next-line ConditionalExpression: a failure closes the file, so every caller comes here without one open.
     if (this.fd === undefined) {
       try {
-        this.fd = this.fs.openSync(this.path, "a", 0o600);
-        const { dev, ino } = this.fs.fstatSync(this.fd);
+        const { fd, dev, ino } = openLogFile(this.fs, this.path);
+        this.fd = fd;
         this.identity = { dev, ino };
       } catch (error) {
         this.fd = undefined;

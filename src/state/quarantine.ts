@@ -1,11 +1,14 @@
-import { mkdir, readdir, rename, unlink } from "node:fs/promises";
-import { basename, join } from "node:path";
+import { lstat, mkdir, readdir, rename, rm, unlink } from "node:fs/promises";
+import { basename, dirname, join } from "node:path";
+import { fileKindOf } from "./bounded-read.js";
 import { syncDirectory, writeFileDurably } from "./durable-write.js";
+import { describeFsError } from "./log-file-sink.js";
 
 /**
- * `<home>/quarantine/`: the task.json files no version of the format could read, each with a
- * note of why. They live outside the task dirs, so a later remove of the same task id (which
- * deletes its dir) never deletes the evidence; they are swept by age and count at each start.
+ * `<home>/quarantine/`: the task.json files no version of the format could read, and the task
+ * dirs the shim will not enter (a symlink, a dir of another user), each with a note of why. They
+ * live outside the task dirs, so a later remove of the same task id (which deletes its dir)
+ * never deletes the evidence; they are swept by age and count at each start.
  */
 export const QUARANTINE_DIR = "quarantine";
 
@@ -13,9 +16,10 @@ export const QUARANTINE_DIR = "quarantine";
 export const QUARANTINE_RETENTION = { maxAgeMs: 30 * 24 * 60 * 60 * 1000, maxFiles: 100 } as const;
 
 const STATE_SUFFIX = ".task.json";
+const DIR_SUFFIX = ".taskdir";
 const NOTE_SUFFIX = ".note.json";
-/** `<task dir name>.<epoch ms>.task.json` */
-const ENTRY = /^(.+)\.(\d+)\.task\.json$/;
+/** `<task dir name>.<epoch ms>.task.json`, or `….taskdir` for a whole task dir. */
+const ENTRY = /^(.+)\.(\d+)\.(?:task\.json|taskdir)$/;
 
 /** What the note beside a quarantined file says. */
 export interface QuarantineNote {
@@ -26,9 +30,18 @@ export interface QuarantineNote {
 }
 
 /**
+ * Something could not be set aside: the quarantine dir cannot be made or is not a directory
+ * (a file, a symlink), the note cannot be written (a full disk), or the move failed. Nothing was
+ * moved: the caller leaves what it meant to move where it is, and never writes over it.
+ */
+export class QuarantineError extends Error {
+  override readonly name = "QuarantineError";
+}
+
+/**
  * Moves `<taskDir>/task.json` into the quarantine dir of `home` with a note beside it (the note
  * first: a file there never lacks its reason but for a crash between the two). Returns the
- * quarantined file's path.
+ * quarantined file's path; throws {@link QuarantineError} with the file left in place.
  */
 export async function quarantineStateFile(
   home: string,
@@ -38,8 +51,39 @@ export async function quarantineStateFile(
   version: string,
   now = Date.now(),
 ): Promise<string> {
+  return setAside(home, taskDir, join(taskDir, stateFile), STATE_SUFFIX, reason, version, now);
+}
+
+/**
+ * Moves a whole task dir (a symlink, moved as the link and never followed, or a dir the shim
+ * does not own) into the quarantine dir of `home` as `<name>.<ms>.taskdir`, with a note. Throws
+ * {@link QuarantineError} with the dir left in place.
+ */
+export async function quarantineTaskDir(
+  home: string,
+  taskDir: string,
+  reason: string,
+  version: string,
+  now = Date.now(),
+): Promise<string> {
+  return setAside(home, taskDir, taskDir, DIR_SUFFIX, reason, version, now);
+}
+
+async function setAside(
+  home: string,
+  taskDir: string,
+  source: string,
+  suffix: string,
+  reason: string,
+  version: string,
+  now: number,
+): Promise<string> {
   const root = join(home, QUARANTINE_DIR);
-  await mkdir(root, { recursive: true, mode: 0o700 });
+  const failed = (what: string, cause: unknown): QuarantineError =>
+    new QuarantineError(`cannot move ${source} to ${root}: ${what}: ${describeFsError(cause)}`, { cause });
+  await quarantineRoot(root).catch((cause: unknown) => {
+    throw cause instanceof QuarantineError ? cause : failed("cannot make the quarantine dir", cause);
+  });
   const stem = `${basename(taskDir)}.${now}`;
   const note: QuarantineNote = {
     task_dir: taskDir,
@@ -47,12 +91,39 @@ export async function quarantineStateFile(
     quarantined_at: new Date(now).toISOString(),
     by_version: version,
   };
-  await writeFileDurably(join(root, `${stem}${NOTE_SUFFIX}`), `${JSON.stringify(note)}\n`);
-  const target = join(root, `${stem}${STATE_SUFFIX}`);
-  await rename(join(taskDir, stateFile), target);
-  await syncDirectory(taskDir);
+  const notePath = join(root, `${stem}${NOTE_SUFFIX}`);
+  await writeFileDurably(notePath, `${JSON.stringify(note)}\n`).catch((cause: unknown) => {
+    throw failed("cannot write its note", cause);
+  });
+  const target = join(root, `${stem}${suffix}`);
+  try {
+    await rename(source, target);
+  } catch (cause) {
+    // A note without its file is swept at the next start; deleted now, it never misleads.
+    await unlink(notePath).catch(() => undefined);
+    throw failed("cannot move it", cause);
+  }
+  await syncDirectory(dirname(source));
   await syncDirectory(root);
   return target;
+}
+
+/**
+ * The quarantine dir, made (0700) when absent. One that is not a directory of its own (a file, a
+ * symlink that would send the evidence elsewhere) is refused, never replaced.
+ */
+async function quarantineRoot(root: string): Promise<void> {
+  let seen;
+  try {
+    seen = await lstat(root);
+  } catch (error) {
+    if ((error as NodeJS.ErrnoException).code !== "ENOENT") throw error;
+    await mkdir(root, { recursive: true, mode: 0o700 });
+    return;
+  }
+  if (!seen.isDirectory()) {
+    throw new QuarantineError(`the quarantine ${root} is ${fileKindOf(seen)}, not a directory`);
+  }
 }
 
 /**
@@ -65,6 +136,9 @@ export async function sweepQuarantine(
   retention: { readonly maxAgeMs: number; readonly maxFiles: number } = QUARANTINE_RETENTION,
 ): Promise<number> {
   const root = join(home, QUARANTINE_DIR);
+  // A quarantine that is not a directory of its own (a symlink) is never swept through.
+  const seen = await lstat(root).catch(() => undefined);
+  if (seen === undefined || !seen.isDirectory()) return 0;
   const names = await readdir(root).catch(() => [] as string[]);
   const entries = names
     .map((name) => ENTRY.exec(name))
@@ -74,14 +148,14 @@ export async function sweepQuarantine(
   const kept = entries.filter((e, i) => i < retention.maxFiles && now - e.at <= retention.maxAgeMs);
   const keptStems = new Set(kept.map((e) => e.stem));
   const doomed = names.filter((name) => {
-    const stem = name.endsWith(STATE_SUFFIX)
-      ? name.slice(0, -STATE_SUFFIX.length)
-      : name.endsWith(NOTE_SUFFIX)
-        ? name.slice(0, -NOTE_SUFFIX.length)
-        : undefined;
+    const suffix = [STATE_SUFFIX, DIR_SUFFIX, NOTE_SUFFIX].find((s) => name.endsWith(s));
+    const stem = suffix === undefined ? undefined : name.slice(0, -suffix.length);
     return stem !== undefined && !keptStems.has(stem);
   });
-  for (const name of doomed) await unlink(join(root, name)).catch(() => undefined);
+  // A quarantined task dir goes whole; a symlink is removed as the link, never followed.
+  // Stryker disable next-line BooleanLiteral: force only matters for an entry already gone.
+  for (const name of doomed)
+    await rm(join(root, name), { recursive: true, force: true }).catch(() => undefined);
   if (doomed.length > 0) await syncDirectory(root).catch(() => undefined);
   return kept.length;
 }

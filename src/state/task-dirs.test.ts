@@ -5,7 +5,7 @@ import { isMainThread } from "node:worker_threads";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import type { Task } from "../tasks/task.js";
 import { parseTaskConfig } from "../tasks/task-config.js";
-import { quarantineStateFile, sweepQuarantine } from "./quarantine.js";
+import { QuarantineError, quarantineStateFile, sweepQuarantine } from "./quarantine.js";
 import { RUNNER_SUBDIR, TaskDirs, UnsafeTaskDirError, type ScannedTaskDir } from "./task-dirs.js";
 import {
   CorruptTaskStateError,
@@ -207,9 +207,12 @@ describe("TaskDirs.quarantine", () => {
     expect(await dirs.sweepQuarantine()).toBe(1);
   });
 
-  it("fails when there is no task.json to quarantine", async () => {
+  it("fails when there is no task.json to quarantine, and leaves no note behind", async () => {
     const dir = await dirs.make("empty-0-0-00000000");
-    await expect(dirs.quarantine(dir, "bad")).rejects.toMatchObject({ code: "ENOENT" });
+    const error = await dirs.quarantine(dir, "bad").catch((e: unknown) => e);
+    expect(error).toBeInstanceOf(QuarantineError);
+    expect(((error as Error).cause as NodeJS.ErrnoException).code).toBe("ENOENT");
+    expect(await readdir(join(home, "quarantine"))).toEqual([]);
   });
 });
 

@@ -1,8 +1,10 @@
-import { chmod, mkdir, readdir, rename, rm, unlink } from "node:fs/promises";
+import type { Dirent } from "node:fs";
+import { chmod, lstat, mkdir, readdir, readlink, rename, rm, unlink } from "node:fs/promises";
 import { dirname, join, relative, resolve, sep } from "node:path";
 import pLimit from "p-limit";
+import type { TaskHold } from "../tasks/task.js";
 import { syncDirectory, tempFilePrefix } from "./durable-write.js";
-import { quarantineStateFile, sweepQuarantine } from "./quarantine.js";
+import { quarantineStateFile, quarantineTaskDir, sweepQuarantine } from "./quarantine.js";
 import { readTaskState, TASK_STATE_FILE, type TaskState } from "./task-state-file.js";
 import { VERSION } from "../version.js";
 
@@ -12,18 +14,35 @@ export const RUNNER_SUBDIR = "runner";
 /**
  * A task dir found at startup, with its state or the reason it could not be read, and the names
  * it held once its stale temp files were deleted (`undefined` when it could not be listed), so
- * that what the restore looks for in it costs no further call.
+ * that what the restore looks for in it costs no further call. An `unsafe` entry is one the shim
+ * does not enter: a symlink (never followed) or a dir another user owns; `narrowedFrom` is the
+ * mode of a dir that was wider than 0700 and has been narrowed to it.
  */
 export type ScannedTaskDir = (
   | { readonly kind: "state"; readonly dir: string; readonly state: TaskState }
   | { readonly kind: "unreadable"; readonly dir: string; readonly error: Error }
   | { readonly kind: "no-state"; readonly dir: string }
-) & { readonly names: readonly string[] | undefined };
+  | { readonly kind: "unsafe"; readonly dir: string; readonly why: string }
+) & { readonly names: readonly string[] | undefined; readonly narrowedFrom?: number };
 
-/** A path would leave the tasks dir. */
+/** A path would leave the tasks dir, or is not a dir of the shim's own. */
 export class UnsafeTaskDirError extends Error {
   override readonly name = "UnsafeTaskDirError";
 }
+
+/** A task dir this version must not write into (see `TaskHold`); nothing was written. */
+export class HeldTaskDirError extends Error {
+  override readonly name = "HeldTaskDirError";
+  constructor(
+    readonly dir: string,
+    readonly hold: TaskHold,
+  ) {
+    super(`task dir ${dir} is held (${hold.kind}): this release does not write into it`);
+  }
+}
+
+/** The shim's own uid: a task dir of another owner is not entered. */
+const ownUid = (): number | undefined => process.getuid?.();
 
 /**
  * The `<home>/runners` tree: one private dir (0700) per task named after its container,
@@ -32,6 +51,8 @@ export class UnsafeTaskDirError extends Error {
  */
 export class TaskDirs {
   readonly root: string;
+  /** Dirs this version must not write into, by path: what a restore found held. */
+  private readonly holds = new Map<string, TaskHold>();
 
   constructor(home: string) {
     this.root = resolve(home, "runners");
@@ -59,11 +80,37 @@ export class TaskDirs {
     return join(taskDir, RUNNER_SUBDIR);
   }
 
-  /** Creates (idempotently) the task dir and its dstack-runner subdir, durably. */
+  /**
+   * Marks a dir this version must never write into: a newer release's task, or a state file that
+   * could not be quarantined. `make` refuses it from then on.
+   */
+  hold(dir: string, hold: TaskHold): void {
+    this.holds.set(dir, hold);
+  }
+
+  /** Why a dir is held, or undefined. */
+  heldBy(dir: string): TaskHold | undefined {
+    return this.holds.get(dir);
+  }
+
+  /**
+   * Creates (idempotently) the task dir and its dstack-runner subdir, durably. A held dir is
+   * refused (`HeldTaskDirError`), and so is one that is a symlink or another user's
+   * (`UnsafeTaskDirError`): nothing is written through it.
+   */
   async make(containerName: string): Promise<string> {
     const dir = this.dirFor(containerName);
+    const hold = this.holds.get(dir);
+    if (hold !== undefined) throw new HeldTaskDirError(dir, hold);
     await mkdir(this.root, { recursive: true, mode: 0o755 });
     await mkdir(dir, { recursive: true, mode: 0o700 });
+    const made = await lstat(dir);
+    const uid = ownUid();
+    if (!made.isDirectory() || (uid !== undefined && made.uid !== uid)) {
+      throw new UnsafeTaskDirError(
+        `refusing task dir ${dir}: ${made.isDirectory() ? `owned by uid ${made.uid}` : "not a directory"}`,
+      );
+    }
     await chmod(dir, 0o700);
     await mkdir(TaskDirs.runnerDir(dir), { recursive: true, mode: 0o755 });
     // The umask may have narrowed it; a non-root container user must still enter it.
@@ -87,9 +134,14 @@ export class TaskDirs {
     await syncDirectory(this.root).catch(() => undefined);
   }
 
-  /** Scans every non-dot subdir of the root once; stale temp files are deleted on the way. */
+  /**
+   * Scans every non-dot subdir of the root once; stale temp files are deleted on the way. A
+   * symlink there is never followed and a dir of another user never entered (both `unsafe`); a
+   * dir wider than 0700 is narrowed to it (`narrowedFrom`). Every task.json is read bounded in
+   * size and type (`readTaskState`).
+   */
   async scan(): Promise<ScannedTaskDir[]> {
-    let entries;
+    let entries: Dirent[];
     try {
       entries = await readdir(this.root, { withFileTypes: true });
     } catch (error) {
@@ -98,24 +150,54 @@ export class TaskDirs {
     }
     // A few dirs at a time: read one by one, 200 task dirs held a restart back by ~0.3 s.
     return pLimit(SCAN_CONCURRENCY).map(
-      entries.filter((entry) => entry.isDirectory() && !entry.name.startsWith(".")),
+      entries.filter(
+        (entry) => (entry.isDirectory() || entry.isSymbolicLink()) && !entry.name.startsWith("."),
+      ),
       (entry) => this.scanOne(join(this.root, entry.name)),
     );
   }
 
   private async scanOne(dir: string): Promise<ScannedTaskDir> {
+    const seen = await lstat(dir).catch(() => undefined);
+    // Gone since the listing: nothing to restore.
+    if (seen === undefined) return { kind: "no-state", dir, names: [] };
+    if (seen.isSymbolicLink()) {
+      const target = await readlink(dir).catch(() => "?");
+      return {
+        kind: "unsafe",
+        dir,
+        why: `it is a symbolic link (to ${target}), not a directory`,
+        names: undefined,
+      };
+    }
+    if (!seen.isDirectory()) return { kind: "no-state", dir, names: [] };
+    const uid = ownUid();
+    if (uid !== undefined && seen.uid !== uid) {
+      return {
+        kind: "unsafe",
+        dir,
+        why: `it is owned by uid ${seen.uid}, not the shim's (${uid})`,
+        names: undefined,
+      };
+    }
+    const mode = seen.mode & 0o7777;
+    // Wider than 0700 (a chmod by hand, an older release): another user could read credentials.
+    const narrowedFrom = (mode & 0o7077) !== 0 ? mode : undefined;
+    if (narrowedFrom !== undefined) await chmod(dir, 0o700);
+    const narrowed = narrowedFrom !== undefined ? { narrowedFrom } : {};
     const names = await this.sweepTempFiles(dir);
     // Listed without a task.json: nothing to read (a restart reads every dir).
     // Stryker disable next-line ConditionalExpression: without the shortcut the read fails with ENOENT, giving the same no-state one call later.
-    if (names !== undefined && !names.includes(TASK_STATE_FILE)) return { kind: "no-state", dir, names };
+    if (names !== undefined && !names.includes(TASK_STATE_FILE))
+      return { kind: "no-state", dir, names, ...narrowed };
     try {
-      return { kind: "state", dir, state: await readTaskState(dir), names };
+      return { kind: "state", dir, state: await readTaskState(dir), names, ...narrowed };
     } catch (error) {
       const code = (error as NodeJS.ErrnoException).code;
       // Stryker disable next-line ConditionalExpression,StringLiteral: reached only by a dir that could not be listed, or whose task.json vanished after its listing: neither can be staged.
       return code === "ENOENT"
-        ? { kind: "no-state", dir, names }
-        : { kind: "unreadable", dir, error: error as Error, names };
+        ? { kind: "no-state", dir, names, ...narrowed }
+        : { kind: "unreadable", dir, error: error as Error, names, ...narrowed };
     }
   }
 
@@ -129,9 +211,13 @@ export class TaskDirs {
     const swept = (
       await pLimit(SCAN_CONCURRENCY).map(names, async (name) => {
         const dir = join(this.root, name);
+        // A held dir is never deleted (it may be another user's, kept for a human).
         const leftover =
           name.startsWith(".trash-") ||
-          (!name.startsWith(".") && !keep.has(name) && (await holdsOnlyEmptyRunnerDir(dir)));
+          (!name.startsWith(".") &&
+            !keep.has(name) &&
+            !this.holds.has(dir) &&
+            (await holdsOnlyEmptyRunnerDir(dir)));
         if (!leftover) return undefined;
         // Stryker disable next-line BooleanLiteral: force only matters for a missing dir, and its error is ignored anyway.
         await rm(dir, { recursive: true, force: true }).catch(() => undefined);
@@ -149,6 +235,14 @@ export class TaskDirs {
    */
   async quarantine(dir: string, reason: string): Promise<string> {
     return quarantineStateFile(dirname(this.root), dir, TASK_STATE_FILE, reason, VERSION);
+  }
+
+  /**
+   * Moves a whole task dir the shim does not enter (a symlink, moved as the link; a dir of
+   * another user) to `<home>/quarantine/` with a note of `reason`.
+   */
+  async quarantineDir(dir: string, reason: string): Promise<string> {
+    return quarantineTaskDir(dirname(this.root), dir, reason, VERSION);
   }
 
   /** Sweeps the quarantine by age and count; how many files it holds. */
@@ -173,6 +267,8 @@ const SCAN_CONCURRENCY = 16;
 
 async function holdsOnlyEmptyRunnerDir(dir: string): Promise<boolean> {
   try {
+    // A symlink is never followed into (the scan quarantines it).
+    if (!(await lstat(dir)).isDirectory()) return false;
     const entries = await readdir(dir);
     if (entries.some((e) => e !== RUNNER_SUBDIR)) return false;
     return entries.length === 0 || (await readdir(join(dir, RUNNER_SUBDIR))).length === 0;

@@ -425,14 +425,12 @@ describe("task.json as a contract between releases", () => {
     const stored = JSON.parse(DSTACK_SHIM_V1) as { config: Record<string, unknown> };
     stored.config.env = { "not-a-shell-name": "1" };
     stored.config.volume_mounts = [{ name: "data", path: "relative/path" }];
-    stored.config.name = "a name with spaces";
     stored.config.gpu = 100_000;
     expect(() => parseTaskConfig(stored.config)).toThrow();
     const state = decodeTaskState(JSON.stringify(stored));
     expect(state.config).toMatchObject({
       env: { "not-a-shell-name": "1" },
       volume_mounts: [{ name: "data", path: "relative/path" }],
-      name: "a name with spaces",
       gpu: 100_000,
     });
   });

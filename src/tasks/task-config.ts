@@ -125,6 +125,11 @@ export function isValidTaskId(id: string): boolean {
   return ID_PATTERN.test(id);
 }
 
+/** Whether `name` is a task name the submit accepts (it then works as a container and dir name). */
+export function isValidTaskName(name: string): boolean {
+  return NAME_PATTERN.test(name);
+}
+
 function absolutePath(value: string, field: string): string {
   if (value === "" || CONTROL.test(value) || value.length > 4096)
     fail(`invalid ${field}: ${JSON.stringify(value)}`);

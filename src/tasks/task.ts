@@ -54,10 +54,10 @@ export interface Task {
    */
   readonly exitCode?: number | null;
   /**
-   * Its task.json has a newer format than this shim understands: shown read-only, never
-   * persisted, released, terminated or removed by this version.
+   * Why this version leaves the task alone ({@link TaskHold}): shown read-only, never persisted,
+   * released, resumed, terminated or removed. Absent for every task this version owns.
    */
-  readonly foreign?: boolean;
+  readonly held?: TaskHold;
   /**
    * Restored from its container alone (no readable state file): its config, and so its host
    * keys and volumes, are unknown.
@@ -71,6 +71,37 @@ export interface Task {
    * config object.
    */
   readonly unknownFields?: UnknownStateFields;
+}
+
+/**
+ * Why a task's state file is left alone by this version, and so the task with it:
+ * - `newer-format`: its task.json has a `version` above the one this version writes (a newer
+ *   taskshim's, seen after a rollback);
+ * - `newer-status`: its task.json is of this format but has a status this version does not know
+ *   (a newer release's pending task, say);
+ * - `unquarantined`: its task.json could not be read, and moving it to the quarantine failed:
+ *   it stays where it is, as evidence, until a human moves it.
+ *
+ * `status` is the status the file holds, as written, when the wire cannot carry it.
+ */
+export type TaskHold =
+  | { readonly kind: "newer-format"; readonly version: number; readonly status?: string }
+  | { readonly kind: "newer-status"; readonly status: string }
+  | { readonly kind: "unquarantined"; readonly reason: string };
+
+/**
+ * The one line a request on a held task is refused with (HTTP 409), naming why this version
+ * leaves it alone.
+ */
+export function heldMessage(id: string, hold: TaskHold): string {
+  switch (hold.kind) {
+    case "newer-format":
+      return `task ${id} is held by a newer taskshim (task.json version ${hold.version}): this release leaves it alone`;
+    case "newer-status":
+      return `task ${id} is held by a newer taskshim (task.json status ${JSON.stringify(hold.status)}): this release leaves it alone`;
+    case "unquarantined":
+      return `task ${id} has a task.json this release cannot read and could not move to the quarantine (${hold.reason}): it is left as it is until a human moves it`;
+  }
 }
 
 /** The fields of a stored task state that this version does not know (see `Task.unknownFields`). */
