@@ -233,7 +233,10 @@ describe("U16 a new binary that never serves is rolled back under supervise", ()
     expect(await readFile(`${binary}.previous`)).toEqual(goodBytes);
     const rolled = notes.filter((n) => n.msg === "the new binary failed; rolled back to the previous one");
     expect(rolled).toHaveLength(1);
-    expect(rolled[0]).toMatchObject({ code: 78, reason: expect.stringMatching(/^exited 78 before serving/) });
+    expect(rolled[0]).toMatchObject({
+      code: 78,
+      reason: expect.stringMatching(/^exited 78 before serving/) as unknown,
+    });
     expect(notes.map((n) => n.msg)).not.toContain(
       "shim refused its configuration; not restarting (fix it, then start again)",
     );
@@ -242,7 +245,7 @@ describe("U16 a new binary that never serves is rolled back under supervise", ()
     expect(runs[0]?.rollback).toBeNull();
     expect(JSON.parse(runs[1]?.rollback ?? "{}")).toMatchObject({
       binary,
-      reason: expect.stringMatching(/^exited 78 before serving/),
+      reason: expect.stringMatching(/^exited 78 before serving/) as unknown,
     });
   });
 
