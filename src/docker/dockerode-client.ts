@@ -5,6 +5,7 @@ import { setTimeout as sleep } from "node:timers/promises";
 import type { Readable } from "node:stream";
 import Docker from "dockerode";
 import { withDeadline } from "../exec/deadline-signal.js";
+import { createUnderDeadline } from "./late-create.js";
 import { OperationBound } from "../exec/operation-bound.js";
 import {
   LABEL_CDI_DEVICES,
@@ -65,6 +66,12 @@ export const DOCKER_DEADLINES = {
   image: 10_000,
 } as const;
 
+/**
+ * How long a create that missed its deadline may still run before it is aborted after all: an
+ * engine that answers it within this is told to remove what it created.
+ */
+export const LATE_CREATE_BOUND_MS = 10 * 60_000;
+
 /** How often {@link DockerodeClient} looks again at a Podman container still `stopping`. */
 const STOP_SETTLE_POLL_MS = 50;
 
@@ -89,12 +96,16 @@ export class DockerodeClient
   private readonly docker: Docker;
   /** The engine as last detected: a create with GPUs is translated for it (`hostConfigForEngine`). */
   private engine: EngineInfo | undefined;
+  /** Creates that missed their deadline and still run, each with the removal of what it made. */
+  private readonly lateCreates = new Set<Promise<void>>();
 
   constructor(
     options: { socketPath?: string; host?: string; port?: number; protocol?: "http" | "https" } = {},
     private readonly count: DockerCallCounter = () => undefined,
     /** The confirmed removal's deadline (the seed's 30 s; shorter only in tests). */
     private readonly removalTimeoutMs = REMOVAL_TIMEOUT_MS,
+    /** The create's deadline ({@link DOCKER_DEADLINES}.create; shorter only in tests). */
+    private readonly createTimeoutMs: number = DOCKER_DEADLINES.create,
   ) {
     this.docker = new Docker(options);
   }
@@ -231,12 +242,54 @@ export class DockerodeClient
     }
   }
 
+  /**
+   * Creates a container. Past its deadline the caller hears a deadline error at once, but the
+   * request is not aborted: the engine may create the container all the same, and only its answer
+   * names it. When that answer arrives, the container is removed (a confirmed removal), so a
+   * start that gave up leaves no orphan behind (`late-create.ts`).
+   */
   async createContainer(spec: ContainerCreateSpec, signal?: AbortSignal): Promise<string> {
     const body = await this.bodyForEngine(spec.body, signal);
-    const container = await this.call("create", DOCKER_DEADLINES.create, signal, (abortSignal) =>
-      this.docker.createContainer({ ...body, name: spec.name, abortSignal }),
+    const start = process.hrtime.bigint();
+    const create = createUnderDeadline(
+      (abortSignal) => this.docker.createContainer({ ...body, name: spec.name, abortSignal }),
+      {
+        timeoutMs: this.createTimeoutMs,
+        lateBoundMs: Math.max(LATE_CREATE_BOUND_MS, this.createTimeoutMs),
+        parent: signal,
+        onLate: (container) => this.removeLateCreate(container.id),
+      },
     );
-    return container.id;
+    const settled = create.settled.finally(() => this.lateCreates.delete(settled));
+    this.lateCreates.add(settled);
+    try {
+      const container = await create.answer;
+      this.count("create", "ok", since(start));
+      return container.id;
+    } catch (error) {
+      this.count("create", "error", since(start));
+      throw mapDockerError(error, "create");
+    }
+  }
+
+  /** Removes a container whose create answered after its deadline (nobody else knows its id). */
+  private async removeLateCreate(id: string): Promise<void> {
+    const start = process.hrtime.bigint();
+    try {
+      // Not under the shutdown's signal: the removal is bounded by its own 30 s.
+      await this.removeContainer(id);
+      this.count("late_create_remove", "ok", since(start));
+    } catch {
+      this.count("late_create_remove", "error", since(start));
+    }
+  }
+
+  /**
+   * Settles once every create that missed its deadline has ended and what it created was
+   * removed (or its removal failed).
+   */
+  async lateCreatesSettled(): Promise<void> {
+    while (this.lateCreates.size > 0) await Promise.all([...this.lateCreates]);
   }
 
   /**

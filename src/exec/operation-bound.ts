@@ -38,7 +38,9 @@ export class OperationBound {
    * `undefined` means unbounded; 0 means already expired.
    */
   remainingMs(capMs?: number): number | undefined {
-    const left = this.deadlineAt === undefined ? undefined : Math.max(0, this.deadlineAt - performance.now());
+    // Whole milliseconds, rounded up: a timer set for the remainder never fires before it.
+    const left =
+      this.deadlineAt === undefined ? undefined : Math.max(0, Math.ceil(this.deadlineAt - performance.now()));
     if (capMs === undefined) return left;
     return left === undefined ? Math.max(0, capMs) : Math.min(left, Math.max(0, capMs));
   }

@@ -23,7 +23,9 @@ const STEPS = [
 ] as const;
 
 /** Steps the (faked) wall clock by `ms` without any monotonic time passing. */
-const stepWallClock = (ms: number): void => vi.setSystemTime(Date.now() + ms);
+const stepWallClock = (ms: number): void => {
+  vi.setSystemTime(Date.now() + ms);
+};
 
 describe.each(STEPS)("the wall clock stepped %s an hour", (_, step) => {
   describe("with fake Date and performance", () => {
