@@ -2,7 +2,7 @@ import { readFile } from "node:fs/promises";
 import { resolve } from "node:path";
 import { isSea } from "node:sea";
 import { Command, CommanderError } from "@commander-js/extra-typings";
-import { formatUpgradeTable, upgradeFleet } from "../control/upgrade.js";
+import { formatUpgradeTable, succeeded, upgradeFleet } from "../control/upgrade.js";
 import { ConfigError, resolveShimConfig, SERVE_SETTINGS, type ServeFlags } from "../config/shim-config.js";
 import { VERSION } from "../version.js";
 import { addClientCommands } from "./client-commands.js";
@@ -12,6 +12,8 @@ import { holdApiSocket, serveAddress, standInSpawn } from "./held-socket.js";
 import { durationFlag } from "./durations.js";
 import { EXIT_CONFIG, REFUSE_AFTER_MS, SERVE_WITHIN_MS, supervise } from "./supervise.js";
 import { serveUnavailable, STANDIN_ENV } from "./unserved-standin.js";
+import type { RunningShim } from "./serve.js";
+import { StartInterruptedError } from "./start-interruption.js";
 import { addVersionCommand } from "./version-command.js";
 import { errorMessage } from "../errors/error-message.js";
 
@@ -33,22 +35,40 @@ function addServeOptions<C extends Command>(command: C): C {
 }
 
 async function serve(flags: ServeFlags): Promise<void> {
-  // First: the arena limit only holds for threads that have not allocated yet.
-  const malloc = loadGlibcMalloc();
-  malloc?.limitArenas(MALLOC_ARENAS);
-  const config = resolveShimConfig(flags, process.env, { shimBinaryPath: ownBinaryPath() });
-  // Loaded on demand: the server's dependencies (fastify, dockerode, pino, prom-client) would
-  // otherwise slow every client command down.
-  const { startShim } = await import("./serve.js");
-  const shim = await startShim(config, malloc);
-  // The same bounded shutdown as POST /api/shutdown; a second signal skips the grace.
-  const onSignal = (): void => shim.shutdown(false);
+  // The signal handlers before anything else: a SIGTERM while the shim still starts (a restore
+  // held by a slow engine or disk) is a clean stop (home lock released, exit 0), never Node's
+  // default handler's kill. Once it serves, a signal is the same bounded shutdown as
+  // POST /api/shutdown; a second one skips the grace.
+  const start = new AbortController();
+  let shim: RunningShim | undefined;
+  const onSignal = (signal?: unknown): void => {
+    if (shim !== undefined) shim.shutdown(false);
+    else if (!start.signal.aborted) {
+      start.abort(new StartInterruptedError(typeof signal === "string" ? signal : "disconnect"));
+    }
+  };
   process.on("SIGINT", onSignal);
   process.on("SIGTERM", onSignal);
   // Under `taskshim supervise` (an IPC channel to it): a supervisor that is gone (killed) leaves
   // this shim an orphan on the API's port, which the next supervisor could never bind. It shuts
   // down as on SIGTERM instead; the next supervisor waits for the port (held-socket.ts).
   if (process.channel !== undefined) process.once("disconnect", onSignal);
+  // The arena limit only holds for threads that have not allocated yet.
+  const malloc = loadGlibcMalloc();
+  malloc?.limitArenas(MALLOC_ARENAS);
+  const config = resolveShimConfig(flags, process.env, { shimBinaryPath: ownBinaryPath() });
+  // Loaded on demand: the server's dependencies (fastify, dockerode, pino, prom-client) would
+  // otherwise slow every client command down.
+  const { startShim } = await import("./serve.js");
+  try {
+    shim = await startShim(config, malloc, start.signal);
+  } catch (error) {
+    // Stopped by a signal before it served: logged by the start, the home lock released.
+    if (error instanceof StartInterruptedError) process.exit(0);
+    throw error;
+  }
+  // A signal in the moment between the last check of the start and its return.
+  if (start.signal.aborted) shim.shutdown(false);
   await shim.stopped;
   // Ends what the bound left behind too (a read stuck in the kernel, a step that ignored its signal).
   process.exit(0);
@@ -198,7 +218,7 @@ export function buildCli(): Command {
       process.stdout.write(
         options.json ? `${JSON.stringify(results, null, 2)}\n` : `${formatUpgradeTable(results)}\n`,
       );
-      process.exit(results.some((r) => r.outcome === "failed") ? 1 : 0);
+      process.exit(results.every(succeeded) ? 0 : 1);
     });
   addClientCommands(program);
   addFenceCommand(program);

@@ -107,7 +107,7 @@ describe("formatUpgradeTable", () => {
         toBuildId: null,
         windowMs: null,
         tasksBefore: 1,
-        tasksKept: 0,
+        tasksKept: null,
         error: "x",
       },
     ]);
@@ -116,7 +116,8 @@ describe("formatUpgradeTable", () => {
     expect(lines[1]).toMatch(
       /^http:\/\/a\s+upgraded\s+build_id\s+1\.0\.0\s+1\.0\.0\+9f86d081884c7d659a2f\s+812\s+3\/3$/,
     );
-    expect(lines[2]).toMatch(/failed +- +1\.0\.0\+0123456789abcdef0123 +- +- +0\/1 +x$/);
+    // A failed upgrade that never counted the tasks does not claim it kept none of them.
+    expect(lines[2]).toMatch(/failed +- +1\.0\.0\+0123456789abcdef0123 +- +- +not checked +x$/);
   });
 });
 

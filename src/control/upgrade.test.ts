@@ -14,6 +14,18 @@ interface FakeBuild {
   readonly runsAsBuildId?: string;
   /** The install failed: the binary in place is reported, with why. */
   readonly installError?: string;
+  /** Running only: the rollback its supervisor reported to it (the healthcheck's `rollback`). */
+  readonly rollback?: { readonly at: string; readonly reason: string; readonly binary: string };
+}
+
+/** How the fake differs from a shim that installs and restarts into the installed build. */
+interface FakeTwists {
+  /** Healthchecks the old process answers after the shutdown, before the new one runs. */
+  readonly drainAnswers?: number;
+  /** The process after the restart runs this build instead of the installed one (a rollback). */
+  readonly restartsAs?: FakeBuild;
+  /** The install answers 409: another install is under way. */
+  readonly busy?: boolean;
 }
 
 const TIMINGS: UpgradeTimings = { installTimeoutMs: 2_000, restartTimeoutMs: 2_000, pollMs: 5 };
@@ -32,21 +44,24 @@ class FakeShim {
   private server: Server | undefined;
   url = "";
 
+  private drainAnswers: number;
+
   constructor(
     running: FakeBuild,
     private readonly installed: FakeBuild,
-    /** Healthchecks the old process answers after the shutdown, before the new one runs. */
-    private drainAnswers = 3,
+    private readonly twists: FakeTwists = {},
   ) {
     this.running = { ...running, start: 1_700_000_000, name: "old" };
+    this.drainAnswers = twists.drainAnswers ?? 3;
   }
 
   private health(): object {
-    const { version, buildId } = this.running;
+    const { version, buildId, rollback } = this.running;
     return {
       service: "dstack-shim",
       version,
       implementation: "taskshim",
+      ...(rollback ? { rollback } : {}),
       ...(buildId === undefined ? {} : { build: { commit: "unknown", dirty: false, build_id: buildId } }),
     };
   }
@@ -73,7 +88,7 @@ class FakeShim {
           this.log.push(`health:${who}`);
           json(this.health());
           if (this.shutdownAt !== undefined && who === "old" && --this.drainAnswers <= 0) {
-            const { runsAsBuildId, ...installed } = this.installed;
+            const { runsAsBuildId, ...installed } = this.twists.restartsAs ?? this.installed;
             this.running = {
               ...installed,
               ...(runsAsBuildId ? { buildId: runsAsBuildId } : {}),
@@ -95,6 +110,12 @@ class FakeShim {
           return;
         case "POST /api/components/install":
         case "POST /api/shutdown":
+          if (request.url === "/api/components/install" && this.twists.busy) {
+            this.log.push("install:busy");
+            request.resume();
+            response.writeHead(409, { "content-type": "text/plain" }).end("already installing\n");
+            return;
+          }
           if (request.url === "/api/shutdown") {
             this.log.push("shutdown");
             this.shutdownAt = this.log.length;
@@ -114,9 +135,13 @@ class FakeShim {
     await new Promise<void>((resolve) => (this.server ? this.server.close(() => resolve()) : resolve()));
   }
 
-  /** What was answered after the shutdown request, in order. */
-  afterShutdown(): string[] {
-    return this.shutdownAt === undefined ? [] : this.log.slice(this.shutdownAt);
+  /**
+   * What was answered after the shutdown request, in order. The start time the rollout reads
+   * before each healthcheck (to tell a rollback) is left out unless `withStarts`.
+   */
+  afterShutdown(withStarts = false): string[] {
+    const after = this.shutdownAt === undefined ? [] : this.log.slice(this.shutdownAt);
+    return withStarts ? after : after.filter((entry) => !entry.startsWith("metrics:"));
   }
 }
 
@@ -125,8 +150,8 @@ afterEach(async () => {
   await Promise.all(shims.splice(0).map((s) => s.stop()));
 });
 
-async function upgrade(running: FakeBuild, installed: FakeBuild, drainAnswers?: number) {
-  const shim = new FakeShim(running, installed, drainAnswers);
+async function upgrade(running: FakeBuild, installed: FakeBuild, twists?: FakeTwists) {
+  const shim = new FakeShim(running, installed, twists);
   shims.push(shim);
   await shim.start();
   const result = await upgradeShim(shim.url, "file:///tmp/taskshim-new", undefined, TIMINGS);
@@ -242,7 +267,7 @@ describe("upgradeShim decides from the build identity, not the version alone", (
     );
     expect(result).toMatchObject({ outcome: "upgraded", compared: "version", toBuildId: null });
     // Told apart by its start time until the new process answered, then taken at once.
-    expect(shim.afterShutdown().slice(-2)).toEqual(["metrics:new", "tasks:new"]);
+    expect(shim.afterShutdown(true).slice(-2)).toEqual(["metrics:new", "tasks:new"]);
   });
 
   it("upgrades a shim from before build ids to a build with one, even of the same version", async () => {
@@ -269,7 +294,7 @@ describe("upgradeShim decides from the build identity, not the version alone", (
       toBuildId: null,
     });
     // Each look-alike answer is checked against the old process's start time.
-    expect(shim.afterShutdown()).toEqual([
+    expect(shim.afterShutdown(true)).toEqual([
       "health:old",
       "metrics:old",
       "health:old",
@@ -284,11 +309,66 @@ describe("upgradeShim decides from the build identity, not the version alone", (
     const { result } = await upgrade(
       { version: "1.0.0", buildId: "aaaaaaaaaaaaaaaaaaaa" },
       { version: "1.0.0", buildId: "bbbbbbbbbbbbbbbbbbbb" },
-      Number.POSITIVE_INFINITY,
+      { drainAnswers: Number.POSITIVE_INFINITY },
     );
     expect(result).toMatchObject({ outcome: "failed", compared: "build_id" });
     expect(result.error).toBe(
       `restart as build bbbbbbbbbbbbbbbbbbbb: not within ${TIMINGS.restartTimeoutMs} ms`,
     );
+  });
+});
+
+describe("U19 an upgrade reports its own outcome", () => {
+  const A = { version: "1.3.3", buildId: "aaaaaaaaaaaaaaaaaaaa" };
+  const B = { version: "9.9.9", buildId: "bbbbbbbbbbbbbbbbbbbb" };
+
+  it("refuses when another upgrade is installing (409), without judging or restarting anything", async () => {
+    const { result, shim } = await upgrade(A, B, { busy: true });
+    expect(result).toMatchObject({
+      outcome: "refused",
+      error: "refused: another upgrade is in progress (the shim is installing)",
+      compared: null,
+      to: "",
+      tasksBefore: 1,
+      tasksKept: null,
+    });
+    expect(shim.log).not.toContain("shutdown");
+  });
+
+  it("says rolled-back when the supervisor put the previous binary back (from its report)", async () => {
+    const rollback = {
+      at: "2026-12-04T17:00:00.000Z",
+      reason: "exited 78 before serving (ran 300ms)",
+      binary: "/b",
+    };
+    const { result } = await upgrade(A, B, { restartsAs: { ...A, rollback } });
+    expect(result).toMatchObject({
+      outcome: "rolled-back",
+      error: "rolled back by the shim's supervisor: the new binary exited 78 before serving (ran 300ms)",
+      to: "9.9.9",
+      tasksKept: 1,
+    });
+    expect(result.windowMs).not.toBeNull();
+  });
+
+  it("says rolled-back when the build that ran before answers from a new process (no report)", async () => {
+    const { result } = await upgrade(A, B, { restartsAs: A });
+    expect(result).toMatchObject({
+      outcome: "rolled-back",
+      error: "the shim came back as the build it ran before (1.3.3+aaaaaaaaaaaaaaaaaaaa)",
+    });
+  });
+
+  it("fails at once when a third build answers (another upgrade replaced the binary)", async () => {
+    const began = performance.now();
+    const { result } = await upgrade(A, B, {
+      restartsAs: { version: "9.9.8", buildId: "cccccccccccccccccccc" },
+    });
+    expect(result).toMatchObject({
+      outcome: "failed",
+      error: "another build answers (9.9.8+cccccccccccccccccccc): the binary was replaced meanwhile",
+      tasksKept: null,
+    });
+    expect(performance.now() - began).toBeLessThan(TIMINGS.restartTimeoutMs);
   });
 });

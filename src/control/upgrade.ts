@@ -15,10 +15,21 @@ import { errorMessage } from "../errors/error-message.js";
  */
 export type UpgradeComparison = "build_id" | "version";
 
+/**
+ * How one shim's upgrade ended:
+ * - `upgraded`: the new build answers, every task kept;
+ * - `already-current`: the running build is the one the URL serves; nothing was installed or restarted;
+ * - `rolled-back`: the new build did not serve, and the shim's supervisor put the previous binary
+ *   back (the build that ran before answers again, from a new process);
+ * - `refused`: another upgrade of this shim is under way (its install answered 409); nothing done;
+ * - `failed`: anything else; `error` says which step and why.
+ */
+export type UpgradeOutcome = "upgraded" | "already-current" | "rolled-back" | "refused" | "failed";
+
 /** How one shim's upgrade went. */
 export interface UpgradeResult {
   readonly shim: string;
-  readonly outcome: "upgraded" | "already-current" | "failed";
+  readonly outcome: UpgradeOutcome;
   /** What the decision and the wait compared; null when it failed before the install ended. */
   readonly compared: UpgradeComparison | null;
   /** The running shim's version before the upgrade. */
@@ -32,7 +43,8 @@ export interface UpgradeResult {
   /** Shutdown requested → new version answering, in ms. */
   readonly windowMs: number | null;
   readonly tasksBefore: number;
-  readonly tasksKept: number;
+  /** How many of them were listed after the restart; null when it never got that far. */
+  readonly tasksKept: number | null;
   readonly error?: string;
 }
 
@@ -60,18 +72,23 @@ async function until<T>(
   pollMs: number,
   probe: () => Promise<T | undefined>,
 ): Promise<T> {
-  const deadline = Date.now() + timeoutMs;
+  const deadline = performance.now() + timeoutMs;
   for (;;) {
     // A probe that cannot reach the shim (it restarts) polls again; one that found a verdict
-    // (an UpgradeError: the install failed) ends the wait at once.
+    // (an UpgradeError: the install failed; a rollback) ends the wait at once.
     const value = await probe().catch((error: unknown) => {
-      if (error instanceof UpgradeError) throw error;
+      if (error instanceof UpgradeError || error instanceof RolledBack) throw error;
       return undefined;
     });
     if (value !== undefined) return value;
-    if (Date.now() > deadline) throw new UpgradeError(`${what}: not within ${timeoutMs} ms`);
+    if (performance.now() > deadline) throw new UpgradeError(`${what}: not within ${timeoutMs} ms`);
     await sleep(pollMs);
   }
+}
+
+/** The new process answered, but as the build that ran before: its supervisor rolled back. */
+class RolledBack extends Error {
+  override readonly name = "RolledBack";
 }
 
 /** `process_start_time_seconds` of the shim's `/metrics`: which process answers. */
@@ -123,8 +140,16 @@ export async function upgradeShim(
     try {
       await client.installComponent("dstack-shim", binaryUrl, sha256);
     } catch (error) {
-      if (!(error instanceof ShimHttpError && error.status === 409)) throw error;
-      // Already installing: wait for that install to end, then judge what it installed.
+      // Another upgrade (or a dstack server's check) is installing: what it installs is not this
+      // run's to report, nor to restart into.
+      if (error instanceof ShimHttpError && error.status === 409) {
+        return result("refused", {
+          windowMs: null,
+          tasksKept: null,
+          error: "refused: another upgrade is in progress (the shim is installing)",
+        });
+      }
+      throw error;
     }
     const installed = await until("install", timings.installTimeoutMs, timings.pollMs, async () => {
       const shim = (await client.getComponents()).find((c) => c.name === "dstack-shim");
@@ -150,13 +175,15 @@ export async function upgradeShim(
     // The old process keeps answering until it has drained. With no build id on either side and
     // one version, its healthcheck is the new one's: only its start time tells them apart.
     const lookAlike = toBuildId === null && fromBuildId === null && to === from;
+    // Also how a rollback is told from the old process still draining: the same build, another start.
     const oldStart = lookAlike
       ? await processStart(client).catch((error: unknown) => {
           throw new UpgradeError(
             `cannot tell the restarted shim from this one (same version ${to}, no build id): ${errorMessage(error)}`,
           );
         })
-      : undefined;
+      : await processStart(client).catch(() => undefined);
+    const rollbackBefore = health.rollback?.at;
     const gate = await client.isSafeToRestart();
     if (!gate.safe) {
       const blocking = gate.blocking.map((t) => `${t.id}:${t.status}`).join(", ");
@@ -167,8 +194,34 @@ export async function upgradeShim(
     await client.shutdown(false);
     const requestedAt = performance.now();
     const expected = toBuildId === null ? `version ${to}, another process` : `build ${toBuildId}`;
-    const isNew = async (answer: Healthcheck, probe: ShimClient): Promise<boolean> => {
-      if (toBuildId !== null) return answer.build?.build_id === toBuildId;
+    const isNew = async (
+      answer: Healthcheck,
+      probe: ShimClient,
+      startBefore: string | undefined,
+    ): Promise<boolean> => {
+      // The supervisor put the previous binary back: a rollback newer than the one seen before.
+      if (answer.rollback !== undefined && answer.rollback.at !== rollbackBefore) {
+        throw new RolledBack(
+          `rolled back by the shim's supervisor: the new binary ${answer.rollback.reason}`,
+        );
+      }
+      const answerBuild = answer.build?.build_id ?? null;
+      const asBefore = answer.version === from && answerBuild === fromBuildId;
+      // The build that ran before, from another process (a supervisor without the report). The
+      // start time was read before the healthcheck: a process that started after the old one
+      // answered both, since processes only ever follow each other.
+      if (asBefore && startBefore !== undefined && startBefore !== oldStart) {
+        throw new RolledBack(
+          `the shim came back as the build it ran before (${buildCell(from, fromBuildId)})`,
+        );
+      }
+      // Neither build: another upgrade replaced the binary meanwhile; waiting cannot help.
+      if (toBuildId !== null && answerBuild !== null && answerBuild !== toBuildId && !asBefore) {
+        throw new UpgradeError(
+          `another build answers (${buildCell(answer.version, answerBuild)}): the binary was replaced meanwhile`,
+        );
+      }
+      if (toBuildId !== null) return answerBuild === toBuildId;
       // The installed build is unknown (its binary, or the shim that checked it, predates build
       // ids): the new process is any of that version that is not the old one.
       if (answer.version !== to) return false;
@@ -177,12 +230,27 @@ export async function upgradeShim(
       if (fromBuildId !== null) return false; // the old process, still draining
       return oldStart === undefined || (await processStart(probe)) !== oldStart;
     };
-    await until(`restart as ${expected}`, timings.restartTimeoutMs, timings.pollMs, async () => {
-      const probe = new ShimClient(shimUrl, 2_000);
-      const answer = await probe.healthcheck();
-      return (await isNew(answer, probe)) ? answer : undefined;
+    const rolledBack = await until(
+      `restart as ${expected}`,
+      timings.restartTimeoutMs,
+      timings.pollMs,
+      async () => {
+        const probe = new ShimClient(shimUrl, 2_000);
+        const startBefore =
+          oldStart !== undefined && !lookAlike ? await processStart(probe).catch(() => undefined) : undefined;
+        const answer = await probe.healthcheck();
+        return (await isNew(answer, probe, startBefore)) ? { rolledBack: undefined } : undefined;
+      },
+    ).catch((error: unknown) => {
+      if (error instanceof RolledBack) return { rolledBack: error.message };
+      throw error;
     });
     const windowMs = Math.round(performance.now() - requestedAt);
+    if (rolledBack.rolledBack !== undefined) {
+      const after = new Set((await client.listTasks()).map((t) => t.id));
+      const kept = before.filter((t) => after.has(t.id)).length;
+      return result("rolled-back", { windowMs, tasksKept: kept, error: rolledBack.rolledBack });
+    }
     const after = new Set((await client.listTasks()).map((t) => t.id));
     const missing = before.filter((t) => !after.has(t.id));
     if (missing.length > 0) {
@@ -194,8 +262,13 @@ export async function upgradeShim(
     }
     return result("upgraded", { windowMs, tasksKept: tasksBefore });
   } catch (error) {
-    return result("failed", { windowMs: null, tasksKept: 0, error: errorMessage(error) });
+    return result("failed", { windowMs: null, tasksKept: null, error: errorMessage(error) });
   }
+}
+
+/** Whether a shim ended on the build it was asked for: upgraded, or already current. */
+export function succeeded(result: UpgradeResult): boolean {
+  return result.outcome === "upgraded" || result.outcome === "already-current";
 }
 
 /** Upgrades many shims with at most `concurrency` at a time; results in input order. */
@@ -226,7 +299,7 @@ export function formatUpgradeTable(results: readonly UpgradeResult[]): string {
     buildCell(r.from, r.fromBuildId),
     buildCell(r.to, r.toBuildId),
     r.windowMs === null ? "-" : String(r.windowMs),
-    `${r.tasksKept}/${r.tasksBefore}`,
+    r.tasksKept === null ? "not checked" : `${r.tasksKept}/${r.tasksBefore}`,
     r.error ?? "",
   ]);
   const widths = header.map((h, i) => Math.max(h.length, ...rows.map((row) => (row[i] ?? "").length)));
