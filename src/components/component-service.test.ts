@@ -247,7 +247,7 @@ describe("ComponentService over a fake executor", () => {
   let shimPath: string;
   let shutdown: AbortController;
 
-  const make = (options?: { downloadTimeoutMs?: number }): ComponentService =>
+  const make = (options?: { downloadTimeoutMs?: number; runningBuildId?: string }): ComponentService =>
     new ComponentService(
       { runner: runnerPath, shim: shimPath },
       exec.runner,
@@ -489,6 +489,60 @@ describe("ComponentService over a fake executor", () => {
         status: "installed",
         version: "1.0.0",
         error: "download did not finish within 300 ms",
+      });
+    });
+  });
+
+  describe("U18 a download that reports the running build is never installed", () => {
+    const RUNNING = "0123456789abcdef0123";
+
+    it("the binary in place of that build stays byte for byte: the component reports it, current", async () => {
+      const inPlace = binary("taskshim version 1.3.3", { version: "1.3.3", build_id: RUNNING });
+      await put(shimPath, inPlace);
+      // A script that answers --version and the running build id, and would never serve.
+      await put(
+        join(dir, "src", "shim"),
+        `${binary("taskshim version 1.3.3", { version: "1.3.3", build_id: RUNNING })}# not the build\n`,
+        0o644,
+      );
+      const svc = make({ runningBuildId: RUNNING });
+      await svc.refresh();
+      const { ino } = await stat(shimPath);
+      svc.install("dstack-shim", `file://${join(dir, "src", "shim")}`, undefined);
+      await svc.settle();
+      expect(await readFile(shimPath, "utf8")).toBe(inPlace);
+      expect((await stat(shimPath)).ino).toBe(ino);
+      expect(await entry(svc, "dstack-shim")).toEqual({
+        name: "dstack-shim",
+        version: "1.3.3",
+        status: "installed",
+        build_id: RUNNING,
+      });
+      expect(await temps()).toEqual([]);
+    });
+
+    it("over a binary of another build (installed, not running yet), nothing is replaced and the install fails", async () => {
+      const pending = binary("taskshim version 1.4.0", {
+        version: "1.4.0",
+        build_id: "pending0000000000000",
+      });
+      await put(shimPath, pending);
+      await put(
+        join(dir, "src", "shim"),
+        binary("taskshim version 1.3.3", { version: "1.3.3", build_id: RUNNING }),
+        0o644,
+      );
+      const svc = make({ runningBuildId: RUNNING });
+      await svc.refresh();
+      svc.install("dstack-shim", `file://${join(dir, "src", "shim")}`, undefined);
+      await svc.settle();
+      expect(await readFile(shimPath, "utf8")).toBe(pending);
+      expect(await entry(svc, "dstack-shim")).toEqual({
+        name: "dstack-shim",
+        version: "1.4.0",
+        status: "installed",
+        build_id: "pending0000000000000",
+        error: `the download is the build this shim runs (1.3.3, build ${RUNNING}), but the binary in place is 1.4.0 (build pending0000000000000): not replaced`,
       });
     });
   });

@@ -21,6 +21,7 @@ import {
 import { download, type DownloadResult } from "./download.js";
 import { fileIdentity, sameFile, type FileIdentity } from "./file-identity.js";
 import { redactUrl, redactUrlsIn } from "./redact-url.js";
+import { BUILD } from "../version.js";
 
 export { ComponentInstallError, ComponentRefusedError } from "./component-errors.js";
 
@@ -72,6 +73,13 @@ export interface ComponentServiceOptions {
    * Go shim). Off: such a download is refused and the binary in place keeps serving.
    */
   readonly allowShimHandover?: boolean;
+  /**
+   * The build id of the shim process itself (default: this build's; `dev` unbundled, which no
+   * binary reports). A dstack-shim download that reports it is the build that runs already:
+   * nothing is installed, so an upgrade that reads the component then finds the shim current
+   * with the bytes it runs on disk, never a binary that only claims to be it.
+   */
+  readonly runningBuildId?: string;
 }
 
 const DOWNLOAD_TIMEOUT_MS = 10 * 60 * 1000;
@@ -105,14 +113,19 @@ interface InstallProgress {
  *
  * - `installed`: new bytes, verified and renamed over the target;
  * - `unchanged`: the source's bytes are the binary in place (a `304` to the conditional request,
- *   or a `200` with the same sha256): nothing renamed;
+ *   or a `200` with the same sha256), or a build that already runs (a dstack-shim reporting the
+ *   running build id over a binary in place of that build): nothing renamed;
  * - `refused`: the bytes failed a check that depends on them alone (remembered, see
  *   {@link ComponentRefusedError}); the target is untouched;
  * - `failed`: anything else (the download, a `--version` that could not run, the disk).
  */
 type InstallEnd =
   | { readonly kind: "installed"; readonly seen: Observation }
-  | { readonly kind: "unchanged"; readonly seen: Observation; readonly why: "not-modified" | "same-bytes" }
+  | {
+      readonly kind: "unchanged";
+      readonly seen: Observation;
+      readonly why: "not-modified" | "same-bytes" | "running-build";
+    }
   | {
       readonly kind: "refused";
       readonly seen: Observation;
@@ -144,6 +157,7 @@ export class ComponentService {
   private checked: Promise<void> = Promise.resolve();
   private readonly downloadTimeoutMs: number;
   private readonly allowShimHandover: boolean;
+  private readonly runningBuildId: string | undefined;
   private readonly sources: ComponentSources;
   private readonly binaries: BinaryProbe;
 
@@ -171,6 +185,7 @@ export class ComponentService {
     };
     this.downloadTimeoutMs = options.downloadTimeoutMs ?? DOWNLOAD_TIMEOUT_MS;
     this.allowShimHandover = options.allowShimHandover ?? false;
+    this.runningBuildId = options.runningBuildId ?? BUILD.buildId;
     this.binaries = new BinaryProbe(commands);
     this.sources = new ComponentSources(
       options.home !== undefined ? join(options.home, COMPONENT_SOURCES_FILE) : undefined,
@@ -320,11 +335,13 @@ export class ComponentService {
       case "unchanged":
         // A dstack server posts this install at every instance check: one line per check would
         // drown the log. The first time a download is found to be the binary in place is news.
-        if (end.why === "same-bytes" && slot.announced !== `same:${fields.url}`) {
-          slot.announced = `same:${fields.url}`;
+        if (end.why !== "not-modified" && slot.announced !== `${end.why}:${fields.url}`) {
+          slot.announced = `${end.why}:${fields.url}`;
           this.log.info(
             { ...fields, version: end.seen.version },
-            "component download is the binary in place; kept",
+            end.why === "same-bytes"
+              ? "component download is the binary in place; kept"
+              : "component download is the build that runs; nothing installed",
           );
         } else {
           this.log.debug(
@@ -450,6 +467,13 @@ export class ComponentService {
         return { kind: "unchanged", why: "same-bytes", seen: same };
       }
       const verified = await this.verify(slot, url, at.temp);
+      const running = await this.runningBuild(slot, verified, at.before);
+      if (running !== undefined) {
+        if (running.identity !== undefined) {
+          await remember({ kind: "installed", target: running.identity, ...installedOf(running) });
+        }
+        return { kind: "unchanged", why: "running-build", seen: running };
+      }
       await chmod(at.temp, 0o755);
       await rename(at.temp, slot.path);
       at.progress.renamed = verified;
@@ -492,6 +516,27 @@ export class ComponentService {
     if (inPlace !== got.sha256) return undefined;
     const seen = await this.inPlace(slot, before);
     return seen.status === "installed" ? seen : undefined;
+  }
+
+  /**
+   * For a dstack-shim download that reports the build id of this very process: the binary in
+   * place, when it is that build too (nothing to install). When the binary in place is another
+   * build (installed and not running yet), neither is right to keep silently: the install fails.
+   * Undefined for any other download.
+   */
+  private async runningBuild(
+    slot: ComponentSlot,
+    verified: Observation,
+    before: Observation,
+  ): Promise<Observation | undefined> {
+    const running = this.runningBuildId;
+    if (slot.name !== "dstack-shim" || running === undefined || verified.buildId !== running)
+      return undefined;
+    const inPlace = await this.inPlace(slot, before);
+    if (inPlace.status === "installed" && inPlace.buildId === running) return inPlace;
+    throw new ComponentInstallError(
+      `the download is the build this shim runs (${verified.version}, build ${running}), but the binary in place is ${inPlace.version || inPlace.status}${inPlace.buildId ? ` (build ${inPlace.buildId})` : ""}: not replaced`,
+    );
   }
 
   /**
