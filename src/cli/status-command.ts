@@ -1,10 +1,13 @@
 import type { Command } from "@commander-js/extra-typings";
-import { ShimHttpError, type ShimClient } from "../control/shim-client.js";
+import { ShimHttpError, type Healthcheck, type ShimClient } from "../control/shim-client.js";
 import { jsonOption, print, printJson, run, shimOption, tokenOption } from "./client-common.js";
 import { allTaskInfos } from "./task-filter.js";
 import { countByStatus, formatStatusReport, parseQuarantined, type ShimStatusReport } from "./task-views.js";
 
-async function statusReport(client: ShimClient): Promise<ShimStatusReport> {
+/** The status, and the rollback its supervisor last made (a new binary that did not serve). */
+type StatusWithRollback = ShimStatusReport & { readonly rollback?: NonNullable<Healthcheck["rollback"]> };
+
+async function statusReport(client: ShimClient): Promise<StatusWithRollback> {
   const health = await client.healthcheck();
   // Older shims lack some endpoints (404): those parts are reported as not supported.
   const optional = <T>(promise: Promise<T>): Promise<T | undefined> =>
@@ -36,6 +39,7 @@ async function statusReport(client: ShimClient): Promise<ShimStatusReport> {
     components: components ?? null,
     tasks: { total: all.length, by_status: countByStatus(all) },
     quarantined_state_files: (metrics !== undefined ? parseQuarantined(metrics) : undefined) ?? null,
+    ...(health.rollback ? { rollback: health.rollback } : {}),
   };
 }
 
@@ -51,7 +55,14 @@ export function addStatusCommand(program: Command): void {
       run(options, async (client) => {
         const report = await statusReport(client);
         if (options.json) printJson(report);
-        else print(formatStatusReport(report));
+        else print(`${formatStatusReport(report)}${rollbackLine(report)}`);
       }),
     );
+}
+
+/** The line a rollback adds to the text status (none without one). */
+export function rollbackLine(report: StatusWithRollback): string {
+  const rollback = report.rollback;
+  if (rollback === undefined) return "";
+  return `\nrolled back  ${rollback.at}: the new binary at ${rollback.binary} ${rollback.reason}; the previous one runs`;
 }
