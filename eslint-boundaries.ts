@@ -33,6 +33,7 @@ export const FOLDER_GRAPH: Readonly<Record<GraphNode, NodeImports>> = {
     "api",
     "components",
     "config",
+    "dcgm",
     "control",
     "docker",
     "exec",
@@ -43,11 +44,13 @@ export const FOLDER_GRAPH: Readonly<Record<GraphNode, NodeImports>> = {
     "tasks",
   ]),
   control: edges(["docker", "exec", "tasks", "wire"]),
-  api: edges(["components", "docker", "host", "lifecycle", "runner", "state", "tasks", "wire"]),
+  api: edges(["components", "dcgm", "docker", "host", "lifecycle", "runner", "state", "tasks", "wire"]),
   // The HTTP wire format: the schemas api/ serves and control/ reads answers with.
   wire: edges(["lifecycle", "tasks"]),
   config: edges(["docker", "host"]),
   components: edges(["exec", "logging", "state"]),
+  // DCGM: the exporter the shim supervises and the GPU health it reads, behind ports api/ uses.
+  dcgm: edges(["exec"]),
   runner: edges(["docker", "exec", "host", "logging", "state", "tasks"]),
   state: edges(["tasks"]),
   // The Docker layer reads the host's GPU types to build device requests; it calls nothing there.

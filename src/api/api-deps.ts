@@ -1,6 +1,7 @@
 import type { EngineBindingState } from "../runner/engine-guard.js";
 import type { Logger } from "pino";
 import type { ComponentService } from "../components/component-service.js";
+import type { GpuHealthView, TaskMetricsSource } from "../dcgm/ports.js";
 import type { DockerClient } from "../docker/docker-client.js";
 import type { EngineInfo } from "../docker/engine-info.js";
 import type { GpuInventory } from "../host/gpu-inventory.js";
@@ -47,6 +48,10 @@ export interface ApiDeps {
   readonly drainTimes?: DrainTimes;
   /** Where idle connections go when the server drains, instead of being closed (the next shim). */
   readonly handoff?: ConnectionHandoff;
+  /** DCGM Exporter's answer for `GET /metrics/tasks/{id}`; absent: no exporter runs (404). */
+  readonly taskMetrics?: TaskMetricsSource;
+  /** GPU health for `GET /api/instance/health`; absent: no source (`{"dcgm": null}`). */
+  readonly gpuHealth?: GpuHealthView;
   /** Bounds of `GET /api/events` (default EVENT_STREAM_LIMITS; `--max-event-streams`). */
   readonly eventStreams?: Partial<EventStreamLimits>;
 }

@@ -58,9 +58,10 @@ export function instanceRoutes(deps: ApiDeps): ApiRoute[] {
     {
       method: "GET",
       url: "/api/instance/health",
-      summary: "DCGM health (null: no DCGM)",
+      summary: "GPU health from DCGM (null: no DCGM, or no fresh answer from it)",
       response: InstanceHealth,
-      handler: () => ({ dcgm: null }),
+      // From memory: the health is asked in the background (dcgm/health-monitor.ts), never here.
+      handler: () => ({ dcgm: deps.gpuHealth?.current() ?? null }),
     },
     {
       method: "GET",

@@ -112,7 +112,10 @@ export const OPERATIONS: Readonly<Record<string, OperationDoc>> = {
   "GET /metrics/tasks/{id}": {
     operationId: "getTaskMetrics",
     tag: "metrics",
-    statuses: { "404": "No such task, or no DCGM exporter" },
+    statuses: {
+      "404": "No DCGM Exporter runs (DCGM Exporter is not available), or no such task",
+      "502": "DCGM Exporter did not answer (the message says why)",
+    },
     okType: "text/plain",
   },
 };

@@ -43,6 +43,7 @@ import { VERSION } from "../version.js";
 import { shimHandoff } from "./connection-handoff.js";
 import type { Logger } from "pino";
 import { createLogger } from "./shim-logger.js";
+import { prepareDcgm } from "./dcgm-setup.js";
 import { startHeapTrim } from "./heap-trim.js";
 import type { GlibcMalloc } from "./glibc-malloc.js";
 import { inspectInheritedSocket, listenTarget, SocketActivationError } from "./listen-target.js";
@@ -299,6 +300,16 @@ export async function startShim(config: ShimConfig, malloc?: GlibcMalloc): Promi
     const ownership = new ContainerOwnership(homeId, config.adoptUnowned, log, (n) =>
       metrics.foreignContainers.set(n),
     );
+    // DCGM on an NVIDIA host (PATH lookups only here; the exporter and health run once serving).
+    const dcgm = await prepareDcgm({
+      inventory,
+      exporterPort: config.dcgmExporterHttpPort,
+      exporterIntervalMs: config.dcgmExporterIntervalMs,
+      dcgmAddress: config.dcgmAddress,
+      home: config.home,
+      commands,
+      log,
+    });
     const ctx: RunnerContext = {
       docker: guarded,
       engineGuard,
@@ -363,6 +374,8 @@ export async function startShim(config: ShimConfig, malloc?: GlibcMalloc): Promi
       engineInfo: () => engine.current(),
       engineBinding: () => engineGuard.state(),
       lifecycle: () => lifecycle.view,
+      ...(dcgm.taskMetrics ? { taskMetrics: dcgm.taskMetrics } : {}),
+      ...(dcgm.gpuHealth ? { gpuHealth: dcgm.gpuHealth } : {}),
     });
     // fastify compiles its routes and schemas (CPU) while the restore waits on the engine and the
     // disk; nothing listens before the restore and the first tick are done.
@@ -437,6 +450,7 @@ export async function startShim(config: ShimConfig, malloc?: GlibcMalloc): Promi
     const loop = reconciler.run();
     const events = config.testing.noEvents ? Promise.resolve() : reconciler.followEvents();
     const probing = storage.run(shutdownController.signal);
+    const dcgmRunning = dcgm.start(shutdownController.signal);
     recovery.resumeStarts();
     const stopHeapTrim = startHeapTrim({ releaseMalloc: malloc?.trim });
     // Service mode: the API answers by the time the file appears (dstack's server reads it, then
@@ -488,6 +502,7 @@ export async function startShim(config: ShimConfig, malloc?: GlibcMalloc): Promi
           starts: runner.awaitStarts(),
           installs: components.settle(),
           hostInfo,
+          dcgm: dcgmRunning,
         });
         stopHomeWatch();
         await lock.release();

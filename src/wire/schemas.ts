@@ -173,7 +173,26 @@ export const InstanceInfo = Type.Object({
   gpu_vendor: Type.Optional(Type.String()),
   gpu_driver_version: Type.Optional(Type.String()),
 });
-export const InstanceHealth = Type.Object({ dcgm: Type.Null() });
+/** DCGM's health results: pass 0, warn 10, fail 20 (dstack's server accepts no other). */
+const DcgmHealthResult = Type.Union([Type.Literal(0), Type.Literal(10), Type.Literal(20)]);
+/** One DCGM health incident, flattened as dstack-shim sends it. */
+export const DcgmHealthIncident = Type.Object({
+  system: Type.Integer({
+    description: "the health watch system (DCGM_HEALTH_WATCH_* bit: 1 PCIe, 16 memory…)",
+  }),
+  health: DcgmHealthResult,
+  error_message: Type.String(),
+  error_code: Type.Integer({ description: "DCGM's error code; 0 when the source does not report it" }),
+  entity_group_id: Type.Integer({ description: "DCGM's entity group (1: GPU)" }),
+  entity_id: Type.Integer(),
+});
+/** GPU health from DCGM, or null: no DCGM on the host, or no fresh answer from it. */
+export const InstanceHealth = Type.Object({
+  dcgm: Type.Union([
+    Type.Object({ overall_health: DcgmHealthResult, incidents: Type.Array(DcgmHealthIncident) }),
+    Type.Null(),
+  ]),
+});
 
 /**
  * One line of `GET /api/events` (taskshim extension, newline-delimited JSON). `present`: a task of
