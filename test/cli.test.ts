@@ -244,7 +244,7 @@ describe("taskshim tasks: submit, ls, get, logs, terminate, rm", () => {
     expectOneErrorLine(
       early,
       new RegExp(
-        `^taskshim: task ${id} is not terminated: terminate it first \\(taskshim tasks terminate ${id}\\) or use taskshim tasks rm --force ${id}\\n$`,
+        `^taskshim: request error: cannot remove task ${id} with running status \\(terminate it first: taskshim tasks terminate ${id}, or taskshim tasks rm --force ${id}\\)\\n$`,
       ),
     );
 
@@ -349,7 +349,7 @@ describe("taskshim tasks: submit, ls, get, logs, terminate, rm", () => {
     expectOneErrorLine(
       result,
       new RegExp(
-        `^taskshim: POST /api/tasks: HTTP 409: request error: task ${task.id} is already submitted with a different config\\n$`,
+        `^taskshim: request error: task ${task.id} is already submitted with a different config\\n$`,
       ),
     );
   });

@@ -74,12 +74,17 @@ function taskIdOfPath(path: string): string | undefined {
 export function describeClientError(error: unknown, shim: string): string {
   if (error instanceof ShimHttpError) {
     const id = taskIdOfPath(error.path);
-    // The two answers an operator meets most, with what to do about them.
-    if (id !== undefined && error.status === 404) return `no such task: ${id} (see taskshim tasks ls)`;
-    if (id !== undefined && error.status === 409 && error.path.endsWith("/remove")) {
-      return `task ${id} is not terminated: terminate it first (taskshim tasks terminate ${id}) or use taskshim tasks rm --force ${id}`;
-    }
     const body = error.body.trim().replace(/\s*\n\s*/g, " ");
+    if (id !== undefined && error.status === 404) return `no such task: ${id} (see taskshim tasks ls)`;
+    // A conflict is the shim's own sentence for the operator (`request error: cannot remove task
+    // … with running status`): shown as it is, with what to do when the CLI knows it.
+    if (error.status === 409 && body !== "") {
+      const removing = id !== undefined && error.path.endsWith("/remove");
+      const hint = removing
+        ? ` (terminate it first: taskshim tasks terminate ${id}, or taskshim tasks rm --force ${id})`
+        : "";
+      return `${body}${hint}`;
+    }
     const hint = error.status === 401 ? " (this shim needs a token: --auth-token-file FILE)" : "";
     return `${error.method} ${error.path}: HTTP ${error.status}${body ? `: ${body}` : ""}${hint}`;
   }

@@ -11,6 +11,7 @@ import type { CliTarget, SshTarget } from "../docker/cli-removal.js";
 import { BoundedCommandRunner } from "../exec/run-bounded.js";
 import { isValidTaskId } from "../tasks/task-config.js";
 import { cell, formatTable } from "./table.js";
+import { escapeControls } from "./terminal-text.js";
 import { errorMessage } from "../errors/error-message.js";
 
 const DEFAULT_DEADLINE = `${FENCE_DEFAULT_DEADLINE_MS / 1_000}s`;
@@ -128,7 +129,10 @@ export function fenceRequestOf(flags: FenceFlags, authToken?: string): FenceRequ
 
 /** The one line naming a host-level failure, or null when there is none. */
 export function hostErrorLine(report: FenceReport): string | null {
-  return report.error === null ? null : `${report.host}: ${report.error.reason}: ${report.error.detail}`;
+  // The detail may quote a shim's or a docker CLI's answer: nothing in it reaches the terminal raw.
+  return report.error === null
+    ? null
+    : escapeControls(`${report.host}: ${report.error.reason}: ${report.error.detail}`);
 }
 
 /**
@@ -150,7 +154,7 @@ export function formatFenceReport(report: FenceReport): string {
   ]);
   const table = formatTable(["CONTAINER", "TASK ID", "VIA", "OUTCOME", "DETAIL"], rows);
   const hostLine = hostErrorLine(report);
-  const summary = `${report.confirmed ? "confirmed" : "NOT confirmed"}: ${report.results.length} result(s) via ${report.via} on ${report.host}`;
+  const summary = `${report.confirmed ? "confirmed" : "NOT confirmed"}: ${report.results.length} result(s) via ${report.via} on ${escapeControls(report.host)}`;
   return [table, ...(hostLine === null ? [] : [`host: ${hostLine}`]), summary].join("\n");
 }
 

@@ -16,6 +16,7 @@ import type { RunningShim } from "./serve.js";
 import { StartInterruptedError } from "./start-interruption.js";
 import { addVersionCommand } from "./version-command.js";
 import { errorMessage } from "../errors/error-message.js";
+import { escapeControls } from "./terminal-text.js";
 
 /**
  * The path of this shim's own executable: the single binary, or the bundle node runs, whatever
@@ -270,10 +271,13 @@ export function describeFailure(
       code: serving ? EXIT_CONFIG : 1,
     };
   }
-  // One line, whatever the error carries: scripts read stderr line by line.
-  const message = errorMessage(error)
-    .trim()
-    .replace(/\s*\n\s*/g, " ");
+  // One line, whatever the error carries: scripts read stderr line by line. A shim's answer
+  // quoted in it is the shim's word: its controls are shown escaped, never sent to the terminal.
+  const message = escapeControls(
+    errorMessage(error)
+      .trim()
+      .replace(/\s*\n\s*/g, " "),
+  );
   if (error instanceof ConfigError)
     return { line: `taskshim: configuration error: ${message}`, code: EXIT_CONFIG };
   return { line: `taskshim: ${message}`, code: 1 };

@@ -16,6 +16,7 @@ import {
 } from "./client-common.js";
 import { durationFlag } from "./durations.js";
 import { SubmitProgressView } from "./pull-progress-bar.js";
+import { escapeControls, escapeControlsKeepingLines } from "./terminal-text.js";
 import { buildSubmitBody, InvalidSubmitFlagError } from "./submit-body.js";
 import { FollowTimeoutError, followStart } from "./task-follow.js";
 
@@ -109,10 +110,15 @@ export function addSubmitCommand(tasks: Command): void {
         const progressOut = options.json ? process.stderr : process.stdout;
         if (options.detach) {
           if (options.json) printJson(submitted);
-          else print(`submitted task ${submitted.id} (container ${submitted.container_name ?? "-"})`);
+          else
+            print(
+              escapeControls(`submitted task ${submitted.id} (container ${submitted.container_name ?? "-"})`),
+            );
           return;
         }
-        progressOut.write(`submitted task ${submitted.id} (container ${submitted.container_name ?? "-"})\n`);
+        progressOut.write(
+          `${escapeControls(`submitted task ${submitted.id} (container ${submitted.container_name ?? "-"})`)}\n`,
+        );
         const view = new SubmitProgressView(progressOut);
         let final: ShimTaskInfo | undefined;
         try {
@@ -128,10 +134,12 @@ export function addSubmitCommand(tasks: Command): void {
         view.end(final);
         if (options.json) printJson(final);
         else if (final.status === "running")
-          print(`running: task ${final.id} in container ${final.container_name ?? "-"}`);
+          print(escapeControls(`running: task ${final.id} in container ${final.container_name ?? "-"}`));
         else {
-          print(`terminated: ${final.termination_reason}`);
-          if (final.termination_message) print(final.termination_message.replace(/^/gm, "  "));
+          print(escapeControls(`terminated: ${final.termination_reason}`));
+          // Container output: shown line by line, with its controls escaped.
+          if (final.termination_message)
+            print(escapeControlsKeepingLines(final.termination_message).replace(/^/gm, "  "));
         }
         if (!succeeded(final)) {
           const code =

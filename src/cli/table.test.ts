@@ -32,9 +32,9 @@ describe("cell", () => {
     expect(cell("first\nsecond")).toBe("first");
   });
 
-  it("drops control characters, so container output cannot drive the terminal", () => {
-    expect(cell("a\u001b[31mred\u0007")).toBe("a[31mred");
-    expect(cell("\u001b")).toBe("-");
+  it("shows control characters as escapes, so container output cannot drive the terminal", () => {
+    expect(cell("a\u001b[31mred\u0007")).toBe("a\\u001b[31mred\\u0007");
+    expect(cell("\u001b")).toBe("\\u001b");
   });
 
   it("shortens long values with an ellipsis", () => {

@@ -1,14 +1,14 @@
-// eslint-disable-next-line no-control-regex
-const CONTROL = /[\u0000-\u001f\u007f]/g;
+import { escapeControls } from "./terminal-text.js";
 
 /**
- * One table cell: the first line only, control characters dropped (a termination message may
- * hold container output, and an escape sequence must not reach the operator's terminal).
+ * One table cell: the first line only, control and bidi characters shown as `\uXXXX` (a
+ * termination message may hold container output, and an escape sequence must not reach the
+ * operator's terminal; see `terminal-text.ts`).
  */
 export function cell(value: string | number | null | undefined, max = 80): string {
   if (value === null || value === undefined || value === "") return "-";
   const firstLine = String(value).split("\n")[0] ?? "";
-  const clean = firstLine.replace(CONTROL, "").trimEnd();
+  const clean = escapeControls(firstLine).trimEnd();
   if (clean === "") return "-";
   return clean.length > max ? `${clean.slice(0, max - 1)}…` : clean;
 }
@@ -29,13 +29,13 @@ export function formatTable(header: readonly string[], rows: readonly (readonly 
 
 /**
  * A two-column `key: value` listing; a multi-line value continues under its first line.
- * Control characters other than newlines are dropped from values.
+ * Control and bidi characters other than newlines are shown as `\uXXXX` in values.
  */
 export function formatFields(fields: readonly (readonly [string, string])[]): string {
   const width = Math.max(...fields.map(([key]) => key.length + 1));
   return fields
     .map(([key, value]) => {
-      const lines = (value === "" ? "-" : value).split("\n").map((l) => l.replace(CONTROL, "").trimEnd());
+      const lines = (value === "" ? "-" : value).split("\n").map((l) => escapeControls(l).trimEnd());
       const label = `${key}:`.padEnd(width);
       return [
         `${label}  ${lines[0] ?? ""}`.trimEnd(),

@@ -25,6 +25,7 @@ import {
   type WatchEvent,
 } from "./task-follow.js";
 import { formatTaskDetails, formatTaskTable, newestFirst } from "./task-views.js";
+import { escapeControls } from "./terminal-text.js";
 
 /** How often the client polls a task it waits for. */
 const WAIT_POLL_MS = 250;
@@ -89,7 +90,7 @@ function addListCommand(tasks: Command): void {
         );
         const shown = newestFirst(infos.filter((t) => matchesFilter(t, filter)));
         if (options.quiet) {
-          if (shown.length > 0) print(shown.map((t) => t.id).join("\n"));
+          if (shown.length > 0) print(shown.map((t) => escapeControls(t.id)).join("\n"));
         } else if (options.json) printJson(shown);
         else print(formatTaskTable(shown));
       }),
@@ -202,7 +203,7 @@ function addRemoveCommand(tasks: Command): void {
         }
         await client.removeTask(task.id);
         if (options.json) printJson({ id: task.id, removed: true });
-        else print(`removed task ${task.id}`);
+        else print(escapeControls(`removed task ${task.id}`));
       }),
     );
 }
@@ -255,7 +256,7 @@ function addWatchCommand(tasks: Command): void {
           process.stderr.write(
             reachable
               ? "taskshim: shim reachable again\n"
-              : `taskshim: ${describeClientError(error, options.shim)}; retrying\n`,
+              : `taskshim: ${escapeControls(describeClientError(error, options.shim))}; retrying\n`,
           );
         };
         const poll = (): Promise<void> =>

@@ -1,5 +1,10 @@
 import pLimit from "p-limit";
-import { ShimHttpError, type ShimClient, type ShimTaskInfo } from "../control/shim-client.js";
+import {
+  ShimHttpError,
+  UnaddressableTaskIdError,
+  type ShimClient,
+  type ShimTaskInfo,
+} from "../control/shim-client.js";
 import { TASK_STATUSES, type TaskStatus } from "../tasks/task-status.js";
 import { CliError } from "./client-common.js";
 
@@ -49,6 +54,9 @@ export async function allTaskInfos(client: ShimClient, filter: (status: TaskStat
       return await client.getTask(t.id);
     } catch (error) {
       if (error instanceof ShimHttpError && error.status === 404) return undefined;
+      // A listed id no request can name is shown as the list has it, never requested.
+      if (error instanceof UnaddressableTaskIdError)
+        return { id: t.id, status: t.status, termination_reason: "", termination_message: "" };
       throw error;
     }
   });

@@ -7,6 +7,7 @@ import {
   type ShimTaskInfo,
 } from "../control/shim-client.js";
 import type { TaskStatus } from "../tasks/task-status.js";
+import { escapeControls } from "./terminal-text.js";
 
 /** Waiting for a task gave up before it reached the awaited status; the task itself goes on. */
 export class FollowTimeoutError extends Error {
@@ -137,7 +138,8 @@ export function formatWatchEvent(event: WatchEvent, idWidth = 0): string {
   const change =
     event.kind === "present" ? (event.to ?? "") : `${event.from ?? "(new)"} -> ${event.to ?? "(removed)"}`;
   const reason = event.termination_reason ? `  (${event.termination_reason})` : "";
-  return `${event.time}  ${id}  ${change}${reason}`;
+  // Every part is the shim's word (an id, a reason): nothing in it reaches the terminal raw.
+  return escapeControls(`${event.time}  ${id}  ${change}${reason}`);
 }
 
 /** Options of {@link watchTasks}. */

@@ -1,4 +1,9 @@
-import { ShimHttpError, type ShimClient, type ShimTaskInfo } from "../control/shim-client.js";
+import {
+  ShimHttpError,
+  UnaddressableTaskIdError,
+  type ShimClient,
+  type ShimTaskInfo,
+} from "../control/shim-client.js";
 import pLimit from "p-limit";
 
 /** The id given on the command line matches no task, or more than one. */
@@ -24,8 +29,9 @@ export async function resolveTask(
     try {
       return await client.getTask(id);
     } catch (error) {
-      // Removed between the list and the read.
+      // Removed between the list and the read; or an id no request can name (`..`).
       if (error instanceof ShimHttpError && error.status === 404) return undefined;
+      if (error instanceof UnaddressableTaskIdError) return undefined;
       throw error;
     }
   };

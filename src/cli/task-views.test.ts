@@ -102,13 +102,15 @@ describe("task views", () => {
     expect(formatPorts([{ host: 1, container: 2 }])).toBe("1->2");
   });
 
-  it("shows one task's every field, the message on several lines without escapes", () => {
+  it("shows one task's every field, the message on several lines with its escapes shown", () => {
     const text = formatTaskDetails(failed, NOW);
     expect(text).toContain("status:     terminated (Exited (3) 2 minutes ago)");
     expect(text).toContain("exit code:  3");
     expect(text).toContain("reason:     container_exited_with_error");
     expect(text).toContain("finished:   2026-01-01T10:03:00.000Z (2 minutes ago)");
-    expect(text).toContain(`message:    Traceback (most recent call last):\n${" ".repeat(12)}  boom[0m`);
+    expect(text).toContain(
+      `message:    Traceback (most recent call last):\n${" ".repeat(12)}  boom\\u001b[0m`,
+    );
     expect(text).not.toContain("\u001b");
     expect(formatTaskDetails(running, NOW)).toContain("container:  train-0-0-cff1b8da (0123456789ab)");
     expect(formatTaskDetails(running, NOW)).toContain("exit code:  -");

@@ -29,6 +29,14 @@ export class ShimHttpError extends Error {
     super(`${method} ${path}: HTTP ${status}: ${body.trim()}`);
   }
 }
+/**
+ * A task id that no request path can carry: empty, `.` or `..`. A URL resolves `.` and `..` path
+ * segments away, percent-encoded or not (`/api/tasks/..` is `/api/`), so the request would reach
+ * another route; no such request is sent.
+ */
+export class UnaddressableTaskIdError extends Error {
+  override readonly name = "UnaddressableTaskIdError";
+}
 /** The shim could not be reached (refused, timed out). */
 export class ShimUnreachableError extends Error {
   override readonly name = "ShimUnreachableError";
@@ -178,6 +186,21 @@ function fetchFailure(error: unknown): string {
 }
 
 /**
+ * `/api/tasks/{id}` and what follows it, the id percent-encoded whole (a `/`, `?`, `#` or `%` in
+ * it stays inside its path segment).
+ *
+ * @throws UnaddressableTaskIdError for an id no path segment can carry.
+ */
+export function taskPath(id: string, rest = ""): string {
+  if (id === "" || id === "." || id === "..") {
+    throw new UnaddressableTaskIdError(
+      `task id ${JSON.stringify(id)} cannot be sent in a request path (a URL resolves it away)`,
+    );
+  }
+  return `/api/tasks/${encodeURIComponent(id)}${rest}`;
+}
+
+/**
  * The control plane's typed client of one shim: every response is validated against the wire
  * contract, every call has a deadline (9 s, dstack's REQUEST_TIMEOUT).
  */
@@ -252,7 +275,7 @@ export class ShimClient {
   }
 
   async getTask(id: string): Promise<ShimTaskInfo> {
-    return this.call("GET", `/api/tasks/${encodeURIComponent(id)}`, TaskInfoView);
+    return this.call("GET", taskPath(id), TaskInfoView);
   }
 
   /**
@@ -283,7 +306,7 @@ export class ShimClient {
   async terminateTask(id: string, reason = "", message = "", timeout = 10): Promise<ShimTaskInfo> {
     return this.call(
       "POST",
-      `/api/tasks/${encodeURIComponent(id)}/terminate`,
+      taskPath(id, "/terminate"),
       TaskInfoView,
       { termination_reason: reason, termination_message: message, timeout },
       timeout * 1000 + this.timeoutMs,
@@ -291,12 +314,12 @@ export class ShimClient {
   }
 
   async removeTask(id: string): Promise<void> {
-    await this.call("POST", `/api/tasks/${encodeURIComponent(id)}/remove`, undefined);
+    await this.call("POST", taskPath(id, "/remove"), undefined);
   }
 
   /** taskshim extension `GET /api/tasks/{id}/logs?tail=N`: the container's last lines, as text. */
   async logs(id: string, tail = 100): Promise<string> {
-    return this.call("GET", `/api/tasks/${encodeURIComponent(id)}/logs?tail=${tail}`, undefined);
+    return this.call("GET", taskPath(id, `/logs?tail=${tail}`), undefined);
   }
 
   /**

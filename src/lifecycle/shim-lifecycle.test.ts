@@ -49,11 +49,17 @@ describe("ShimLifecycle", () => {
     expect(lines).toEqual([]);
   });
 
-  it("does not drain before serving: no request can ask for it then", () => {
-    const life = new ShimLifecycle(recorder().log);
-    expect(() => life.to("draining")).toThrow(IllegalShimTransitionError);
-    life.to("restoring");
-    expect(() => life.to("draining")).toThrow(IllegalShimTransitionError);
+  it("drains from starting and restoring (a signal before serving), then stops; never serves after", () => {
+    for (const path of [[], ["restoring"]] as ShimPhase[][]) {
+      const { lines, log } = recorder();
+      const life = new ShimLifecycle(log);
+      for (const phase of path) life.to(phase);
+      life.to("draining", { interruptedBy: "SIGTERM" });
+      expect(() => life.to("serving")).toThrow(IllegalShimTransitionError);
+      expect(() => life.to("restoring")).toThrow(IllegalShimTransitionError);
+      life.to("stopped", { outcome: "interrupted" });
+      expect(lines.at(-1)).toMatchObject({ level: "info", fields: { phase: "stopped", from: "draining" } });
+    }
   });
 
   it("fails from every phase that has not ended, at error level with the detail, and never leaves an end", () => {

@@ -6,6 +6,8 @@
  * starting ──► restoring ──► serving ──► draining ──► stopped
  *    │             │            │            │
  *    └─────────────┴────────────┴────────────┴──────► failed
+ *
+ * starting, restoring ──► draining          (a signal before serving)
  * ```
  *
  * `starting` builds the parts and takes the home lock; `restoring` is the recovery (tasks read
@@ -13,8 +15,9 @@
  * listener accepts requests; `draining` is a shutdown in progress (listener closed, starts in
  * flight given their grace, then interrupted); `stopped` is a shutdown whose steps all settled
  * within its bound. `failed` is a start that could not finish or a shutdown that reached its bound
- * with steps unfinished. Nothing drains before `serving`: until then no request can ask for a
- * shutdown, and a signal ends the process as a `kill` would (the restore is built for that).
+ * with steps unfinished. A signal (SIGTERM, SIGINT) before `serving` stops the start: `draining`
+ * (the start stops waiting for the step in flight, which a kill could cut as well), the home lock
+ * released, then `stopped`; no request can ask for that, the API not being served yet.
  */
 export type ShimPhase = "starting" | "restoring" | "serving" | "draining" | "stopped" | "failed";
 
@@ -29,8 +32,9 @@ export const SHIM_PHASES: readonly ShimPhase[] = [
 ];
 
 const NEXT: Readonly<Record<ShimPhase, readonly ShimPhase[]>> = {
-  starting: ["restoring", "failed"],
-  restoring: ["serving", "failed"],
+  // A signal before serving stops the start cleanly: draining, then stopped.
+  starting: ["restoring", "draining", "failed"],
+  restoring: ["serving", "draining", "failed"],
   serving: ["draining", "failed"],
   draining: ["stopped", "failed"],
   stopped: [],

@@ -1,10 +1,21 @@
-import { mkdir, mkdtemp, readFile, rename, rm, stat, writeFile, type FileHandle } from "node:fs/promises";
+import { execFileSync } from "node:child_process";
+import {
+  mkdir,
+  mkdtemp,
+  readFile,
+  rename,
+  rm,
+  stat,
+  symlink,
+  writeFile,
+  type FileHandle,
+} from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { pino, type Logger } from "pino";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { NotRegularFileError } from "./bounded-read.js";
-import { HOME_ID_FILE, HomeIdentityError, loadHomeIdentity } from "./home-identity.js";
+import { HOME_ID_FILE, HOME_ID_MAX_BYTES, HomeIdentityError, loadHomeIdentity } from "./home-identity.js";
 import { HomeWatch } from "./home-watch.js";
 
 let base: string;
@@ -51,6 +62,29 @@ describe("loadHomeIdentity, in detail", () => {
     expect((error as Error).cause).toBeInstanceOf(NotRegularFileError);
   });
 
+  it("S14 refuses at once a FIFO, a symlink (even to a good identity) and an oversized file, naming each", async () => {
+    const path = join(home, HOME_ID_FILE);
+    const refused = async (): Promise<string> => {
+      const started = performance.now();
+      const error = await loadHomeIdentity(home).catch((e: unknown) => e);
+      expect(performance.now() - started).toBeLessThan(1_000);
+      expect(error).toBeInstanceOf(HomeIdentityError);
+      return (error as Error).message;
+    };
+    execFileSync("mkfifo", [path]);
+    expect(await refused()).toBe(
+      `the home identity ${path} is a FIFO, not a regular file: restore it, or delete it to give this home a new identity`,
+    );
+    await rm(path);
+    const elsewhere = join(home, "id-elsewhere");
+    await writeFile(elsewhere, "0d6c7f0e-9a63-4d0f-8c0e-6c1d0f4e8a11\n");
+    await symlink(elsewhere, path);
+    expect(await refused()).toMatch(/is a symbolic link, not a regular file: restore it/);
+    await rm(path);
+    await writeFile(path, "x".repeat(HOME_ID_MAX_BYTES + 1));
+    expect(await refused()).toMatch(/is larger than 4 KiB \(4097 bytes\): restore it/);
+  });
+
   it("writes a new identity as one line, readable by all", async () => {
     const id = await loadHomeIdentity(home);
     const path = join(home, HOME_ID_FILE);
@@ -89,6 +123,22 @@ describe("HomeWatch", () => {
         error: `home ${home} was replaced by another directory`,
       });
     });
+  });
+
+  it("S14 reports an identity replaced by a FIFO as replaced, without its check waiting on it", async () => {
+    const id = await loadHomeIdentity(home);
+    const watch = await HomeWatch.start(home, id, pino({ level: "silent" }), 60_000);
+    try {
+      await rm(join(home, HOME_ID_FILE));
+      execFileSync("mkfifo", [join(home, HOME_ID_FILE)]);
+      await watch.check();
+      expect(watch.current()).toMatchObject({
+        status: "degraded",
+        error: `the home identity ${HOME_ID_FILE} was replaced`,
+      });
+    } finally {
+      watch.stop();
+    }
   });
 
   it("reports a replaced identity file", async () => {

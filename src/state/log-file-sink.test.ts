@@ -1,9 +1,10 @@
+import { execFileSync } from "node:child_process";
 import * as fs from "node:fs";
-import { mkdtemp, readFile, rename, rm, unlink, writeFile } from "node:fs/promises";
+import { mkdtemp, readFile, rename, rm, symlink, unlink, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
-import { describeFsError, LogFileSink, type LogFileOps } from "./log-file-sink.js";
+import { describeFsError, LogFileSink, narrowLogFileMode, type LogFileOps } from "./log-file-sink.js";
 
 let dir: string;
 let path: string;
@@ -678,5 +679,57 @@ describe("describeFsError, anchored", () => {
   it("takes the code only from the start of the message", () => {
     const error = Object.assign(new Error("cannot open /x, EIO: i/o error"), { code: "EIO" });
     expect(describeFsError(error)).toBe("EIO: cannot open /x, EIO: i/o error");
+  });
+});
+
+describe("LogFileSink: what is at the path", () => {
+  it("S13 never blocks on a FIFO without a reader: refused at once, told on stderr, lines kept", () => {
+    execFileSync("mkfifo", [path]);
+    const started = performance.now();
+    const s = sink();
+    s.write(line(1));
+    expect(performance.now() - started).toBeLessThan(1_000);
+    expect(s.state()).toMatchObject({ writable: false, pendingBytes: line(1).length });
+    expect(s.state().error).toBe(`${path} is not a regular file`);
+    expect(notices[0]).toContain(`cannot write ${path}`);
+    s.close();
+  });
+
+  it("S13 writes nothing into a FIFO that has a reader: what was opened is checked, and closed again", () => {
+    execFileSync("mkfifo", [path]);
+    const reader = fs.openSync(path, fs.constants.O_RDONLY | fs.constants.O_NONBLOCK);
+    try {
+      const s = sink();
+      s.write(line(1));
+      expect(s.state()).toMatchObject({ writable: false, error: `${path} is a FIFO, not a regular file` });
+      s.close();
+      // Nothing came through, and no writer is left on it (an end of file, not a wait).
+      expect(fs.readSync(reader, Buffer.alloc(64))).toBe(0);
+    } finally {
+      fs.closeSync(reader);
+    }
+  });
+
+  it("S13 never follows a symlink: the file it names is untouched, and kept out of narrowLogFileMode too", async () => {
+    const target = join(dir, "elsewhere");
+    await writeFile(target, "precious\n", { mode: 0o644 });
+    fs.chmodSync(target, 0o644);
+    await symlink(target, path);
+    const s = sink();
+    s.write(line(1));
+    s.close();
+    expect(s.state().error).toBe(`${path} is a symbolic link, not a regular file`);
+    narrowLogFileMode(path);
+    expect(await readFile(target, "utf8")).toBe("precious\n");
+    expect(fs.statSync(target).mode & 0o777).toBe(0o644);
+  });
+
+  it("narrowLogFileMode narrows a regular log file of an earlier version to 0600, and is quiet when there is none", async () => {
+    await writeFile(path, "old\n");
+    fs.chmodSync(path, 0o644);
+    narrowLogFileMode(path);
+    expect(fs.statSync(path).mode & 0o777).toBe(0o600);
+    narrowLogFileMode(join(dir, "absent.log"));
+    expect(fs.existsSync(join(dir, "absent.log"))).toBe(false);
   });
 });

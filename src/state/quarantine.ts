@@ -122,7 +122,8 @@ async function quarantineRoot(root: string): Promise<void> {
     return;
   }
   if (!seen.isDirectory()) {
-    throw new QuarantineError(`the quarantine ${root} is ${fileKindOf(seen)}, not a directory`);
+    const kind = seen.isFile() ? "a regular file" : fileKindOf(seen);
+    throw new QuarantineError(`the quarantine ${root} is ${kind}, not a directory`);
   }
 }
 

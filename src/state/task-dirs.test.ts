@@ -1,4 +1,17 @@
-import { chmod, mkdir, mkdtemp, readdir, readFile, rm, stat, writeFile } from "node:fs/promises";
+import { execFileSync } from "node:child_process";
+import {
+  chmod,
+  chown,
+  lstat,
+  mkdir,
+  mkdtemp,
+  readdir,
+  readFile,
+  rm,
+  stat,
+  symlink,
+  writeFile,
+} from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { basename, join } from "node:path";
 import { isMainThread } from "node:worker_threads";
@@ -6,7 +19,13 @@ import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import type { Task } from "../tasks/task.js";
 import { parseTaskConfig } from "../tasks/task-config.js";
 import { QuarantineError, quarantineStateFile, sweepQuarantine } from "./quarantine.js";
-import { RUNNER_SUBDIR, TaskDirs, UnsafeTaskDirError, type ScannedTaskDir } from "./task-dirs.js";
+import {
+  HeldTaskDirError,
+  RUNNER_SUBDIR,
+  TaskDirs,
+  UnsafeTaskDirError,
+  type ScannedTaskDir,
+} from "./task-dirs.js";
 import {
   CorruptTaskStateError,
   TASK_STATE_FILE,
@@ -177,6 +196,112 @@ describe("TaskDirs.scan", () => {
     await mkdir(join(dir, TASK_STATE_FILE));
     const [entry] = await dirs.scan();
     expect(entry?.kind).toBe("unreadable");
+  });
+});
+
+describe("TaskDirs: what a start does not trust", () => {
+  const byName = (found: ScannedTaskDir[]): Map<string, ScannedTaskDir> =>
+    new Map(found.map((entry) => [basename(entry.dir), entry]));
+
+  it("S9 reports a FIFO task.json and one symlinked to /dev/zero as unreadable at once, never waiting or following", async () => {
+    const fifo = await dirs.make("fifo-0-0-11111111");
+    execFileSync("mkfifo", [join(fifo, TASK_STATE_FILE)]);
+    const zero = await dirs.make("zero-0-0-22222222");
+    await symlink("/dev/zero", join(zero, TASK_STATE_FILE));
+    const started = performance.now();
+    const found = byName(await dirs.scan());
+    expect(performance.now() - started).toBeLessThan(2_000);
+    expect(found.get("fifo-0-0-11111111")).toMatchObject({
+      kind: "unreadable",
+      error: { name: "NotRegularFileError", kind: "a FIFO" },
+    });
+    expect(found.get("zero-0-0-22222222")).toMatchObject({
+      kind: "unreadable",
+      error: { name: "NotRegularFileError", kind: "a symbolic link" },
+    });
+  });
+
+  it("S12 never follows a symlinked task dir nor enters another user's dir: both unsafe, their task.json unread", async () => {
+    const elsewhere = join(home, "elsewhere");
+    await mkdir(elsewhere);
+    await writeTaskState(elsewhere, makeTask("t-link", "link-0-0"), "boot");
+    await mkdir(dirs.root, { recursive: true });
+    await symlink(elsewhere, join(dirs.root, "link-0-0-33333333"));
+    const other = await dirs.make("other-0-0-44444444");
+    await writeTaskState(other, makeTask("t-other", "other-0-0"), "boot");
+    await chown(other, 65534, 65534);
+    const found = byName(await dirs.scan());
+    expect(found.get("link-0-0-33333333")).toEqual({
+      kind: "unsafe",
+      dir: join(dirs.root, "link-0-0-33333333"),
+      why: `it is a symbolic link (to ${elsewhere}), not a directory`,
+      names: undefined,
+    });
+    expect(found.get("other-0-0-44444444")).toMatchObject({
+      kind: "unsafe",
+      why: `it is owned by uid 65534, not the shim's (${process.getuid?.()})`,
+    });
+    // Moved aside whole: the link as a link (its target untouched), the dir with what it holds.
+    const moved = await dirs.quarantineDir(join(dirs.root, "link-0-0-33333333"), "a symlink");
+    expect(basename(moved)).toMatch(/^link-0-0-33333333\.\d+\.taskdir$/);
+    expect((await lstat(moved)).isSymbolicLink()).toBe(true);
+    expect(await readdir(elsewhere)).toEqual([TASK_STATE_FILE]);
+    await dirs.quarantineDir(other, "another user's");
+    expect(await exists(other)).toBe(false);
+    expect(await dirs.scan()).toEqual([]);
+    // Swept as entries of their own: the link removed, never followed.
+    expect(await dirs.sweepQuarantine()).toBe(2);
+    expect(await sweepQuarantine(home, Date.now() + 31 * 24 * 60 * 60 * 1000)).toBe(0);
+    expect(await readdir(join(home, "quarantine"))).toEqual([]);
+    expect(await readdir(elsewhere)).toEqual([TASK_STATE_FILE]);
+  });
+
+  it("S12 narrows a task dir wider than 0700, and says from what", async () => {
+    const wide = await dirs.make("wide-0-0-55555555");
+    await writeTaskState(wide, makeTask("t-wide", "wide-0-0"), "boot");
+    await chmod(wide, 0o777);
+    const [entry] = await dirs.scan();
+    expect(entry).toMatchObject({ kind: "state", narrowedFrom: 0o777 });
+    expect(await mode(wide)).toBe(0o700);
+    const [again] = await dirs.scan();
+    expect(again).not.toHaveProperty("narrowedFrom");
+  });
+
+  it("make refuses a held dir, a symlink and another user's dir, writing nothing through them", async () => {
+    const held = dirs.dirFor("held-0-0-66666666");
+    dirs.hold(held, { kind: "newer-format", version: 2 });
+    await expect(dirs.make("held-0-0-66666666")).rejects.toThrow(HeldTaskDirError);
+    expect(await exists(held)).toBe(false);
+    const elsewhere = join(home, "elsewhere");
+    await mkdir(elsewhere);
+    await mkdir(dirs.root, { recursive: true });
+    await symlink(elsewhere, dirs.dirFor("link-0-0-77777777"));
+    await expect(dirs.make("link-0-0-77777777")).rejects.toThrow(UnsafeTaskDirError);
+    const other = await dirs.make("other-0-0-88888888");
+    await chown(other, 65534, 65534);
+    await expect(dirs.make("other-0-0-88888888")).rejects.toThrow("owned by uid 65534");
+    expect(await readdir(elsewhere)).toEqual([]);
+  });
+
+  it("S15 a quarantine that is not a directory fails the move: the file stays, no note anywhere", async () => {
+    const dir = await dirs.make("bad-0-0-99999999");
+    await writeFile(join(dir, TASK_STATE_FILE), "garbage");
+    await writeFile(join(home, "quarantine"), "a file where the quarantine should be");
+    const error = await dirs.quarantine(dir, "bad").catch((e: unknown) => e);
+    expect(error).toBeInstanceOf(QuarantineError);
+    expect((error as Error).message).toBe(
+      `the quarantine ${join(home, "quarantine")} is a regular file, not a directory`,
+    );
+    expect(await readFile(join(dir, TASK_STATE_FILE), "utf8")).toBe("garbage");
+    // A symlinked quarantine would send the evidence elsewhere: refused alike, and never swept.
+    await rm(join(home, "quarantine"));
+    const elsewhere = join(home, "elsewhere");
+    await mkdir(elsewhere);
+    await writeFile(join(elsewhere, "x.1.task.json"), "not ours");
+    await symlink(elsewhere, join(home, "quarantine"));
+    await expect(dirs.quarantine(dir, "bad")).rejects.toThrow("is a symbolic link, not a directory");
+    expect(await dirs.sweepQuarantine()).toBe(0);
+    expect(await readdir(elsewhere)).toEqual(["x.1.task.json"]);
   });
 });
 

@@ -1,15 +1,20 @@
-import { mkdtemp, readdir, readFile, rm, stat, writeFile } from "node:fs/promises";
+import { execFileSync } from "node:child_process";
+import { mkdtemp, readdir, readFile, rm, stat, symlink, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import type { Task } from "../tasks/task.js";
 import { parseTaskConfig, type TaskConfig } from "../tasks/task-config.js";
+import { FileTooLargeError } from "./bounded-read.js";
 import {
   CorruptTaskStateError,
   decodeTaskState,
+  encodedTaskStateBytes,
   encodeTaskState,
   readTaskState,
   TASK_STATE_FILE,
+  TASK_STATE_MAX_BYTES,
+  TaskStateTooLargeError,
   UnsupportedTaskStateVersionError,
   writeTaskState,
 } from "./task-state-file.js";
@@ -253,6 +258,50 @@ describe("rejected task.json", () => {
     }
   });
 
+  it("S16 reads what it can of a newer version's file to show it, field by field", () => {
+    const newer = (fields: Record<string, unknown>): UnsupportedTaskStateVersionError => {
+      try {
+        decodeTaskState(JSON.stringify({ version: 2, ...fields }));
+      } catch (error) {
+        return error as UnsupportedTaskStateVersionError;
+      }
+      throw new Error("decoded");
+    };
+    expect(
+      newer({
+        id: ID,
+        config: { name: "vllm-0-0", image_name: "img:1", gpu: "a newer shape" },
+        status: "queued",
+        termination_reason: "Preempted",
+        termination_message: "m",
+        exit_code: null,
+        created_at: "2027-01-01T00:00:00.000Z",
+        started_at: "later",
+      }).view,
+    ).toEqual({
+      version: 2,
+      id: ID,
+      name: "vllm-0-0",
+      image_name: "img:1",
+      status: "queued",
+      termination_reason: "preempted",
+      termination_message: "m",
+      exit_code: null,
+      created_at: "2027-01-01T00:00:00.000Z",
+    });
+    // Only what is safe to show: a forged name or status is dropped, an invalid id leaves no view.
+    expect(
+      newer({ id: ID, config: { name: "a/b" }, status: "Not A Word", termination_reason: 5 }).view,
+    ).toEqual({
+      version: 2,
+      id: ID,
+      termination_reason: "",
+      termination_message: "",
+    });
+    expect(newer({ id: "x".repeat(300) }).view).toBeUndefined();
+    expect(newer({}).view).toBeUndefined();
+  });
+
   it.each([
     ["empty", ""],
     ["truncated mid-object", DSTACK_SHIM_V1.slice(0, Math.floor(DSTACK_SHIM_V1.length / 2))],
@@ -294,6 +343,20 @@ describe("rejected task.json", () => {
     ],
     ["a numeric status", (t: string) => t.replace(`"cleaned_up":false`, `"cleaned_up":false,"status":3`)],
     [
+      "a status that is not a word",
+      (t: string) => t.replace(`"cleaned_up":false`, `"cleaned_up":false,"status":"Run ning"`),
+    ],
+    // S11: a forged id or name becomes a label, a URL segment and a dir name: never loaded.
+    ["a forged id of 300 characters", (t: string) => t.replaceAll(ID, "a".repeat(300))],
+    ["a forged id with a slash", (t: string) => t.replaceAll(ID, "../../etc")],
+    ["a forged id with a control character", (t: string) => t.replaceAll(ID, "id\\u0007bell")],
+    ["a forged name with a slash", (t: string) => t.replace(`"name":"vllm-0-0"`, `"name":"a/../b"`)],
+    [
+      "a forged name of 300 characters",
+      (t: string) => t.replace(`"name":"vllm-0-0"`, `"name":"${"n".repeat(300)}"`),
+    ],
+    ["a forged name with a newline", (t: string) => t.replace(`"name":"vllm-0-0"`, `"name":"a\\nb"`)],
+    [
       "a fractional exit code",
       (t: string) => t.replace(`"cleaned_up":false`, `"cleaned_up":false,"exit_code":1.5`),
     ],
@@ -301,6 +364,49 @@ describe("rejected task.json", () => {
     const text = edit(DSTACK_SHIM_V1);
     expect(text).not.toBe(DSTACK_SHIM_V1);
     expect(() => decodeTaskState(text)).toThrow(CorruptTaskStateError);
+  });
+
+  it("S11 names a forged id in the error, escaped and cut, never whole", () => {
+    const forged = `x\u0001${"a".repeat(298)}`;
+    const text = DSTACK_SHIM_V1.replaceAll(ID, "ID").replaceAll(`"ID"`, JSON.stringify(forged));
+    const error = (() => {
+      try {
+        return decodeTaskState(text);
+      } catch (e) {
+        return e;
+      }
+    })();
+    expect(error).toBeInstanceOf(CorruptTaskStateError);
+    expect((error as Error).message).toMatch(
+      /^task state has an invalid id "x\\u0001a+" \(300 characters\)$/,
+    );
+    expect((error as Error).message.length).toBeLessThan(120);
+  });
+
+  it("S10 refuses a task.json beyond 1 MiB on disk unread, and writes none that large", async () => {
+    const big = DSTACK_SHIM_V1.replace(
+      `"cleaned_up":false`,
+      `"cleaned_up":false,"padding":"${"x".repeat(TASK_STATE_MAX_BYTES)}"`,
+    );
+    await writeFile(join(dir, TASK_STATE_FILE), big);
+    await expect(readTaskState(dir)).rejects.toThrow(FileTooLargeError);
+    const huge = makeTask({ terminationMessage: "m".repeat(TASK_STATE_MAX_BYTES) });
+    await expect(writeTaskState(dir, huge, BOOT_ID)).rejects.toThrow(TaskStateTooLargeError);
+    expect(await readFile(join(dir, TASK_STATE_FILE), "utf8")).toBe(big);
+    expect(encodedTaskStateBytes(makeTask(), BOOT_ID)).toBe(
+      Buffer.byteLength(encodeTaskState(makeTask(), BOOT_ID)),
+    );
+  });
+
+  it("S9 refuses a task.json that is a FIFO or a symlink, without waiting or following", async () => {
+    execFileSync("mkfifo", [join(dir, TASK_STATE_FILE)]);
+    await expect(readTaskState(dir)).rejects.toMatchObject({ name: "NotRegularFileError", kind: "a FIFO" });
+    await rm(join(dir, TASK_STATE_FILE));
+    await symlink("/dev/zero", join(dir, TASK_STATE_FILE));
+    await expect(readTaskState(dir)).rejects.toMatchObject({
+      name: "NotRegularFileError",
+      kind: "a symbolic link",
+    });
   });
 
   it("reports a truncated file on disk as CorruptTaskStateError and a missing one as ENOENT", async () => {
@@ -442,7 +548,7 @@ describe("task.json as a contract between releases", () => {
     expect(state).not.toHaveProperty("unknown_fields");
   });
 
-  it("reads a reason and a status a newer release may write: the reason as written, the status as unknown", () => {
+  it("reads a reason and a status a newer release may write: the reason as written, the status kept as unknown", () => {
     const text = DSTACK_SHIM_V1.replace(
       `"termination_reason":"","termination_message":"","cleaned_up":false`,
       `"termination_reason":"evicted_by_scheduler","termination_message":"m","cleaned_up":false,"status":"stopping"`,
@@ -450,6 +556,8 @@ describe("task.json as a contract between releases", () => {
     const state = decodeTaskState(text);
     expect(state.termination_reason).toBe("evicted_by_scheduler");
     expect(state).not.toHaveProperty("status");
+    expect(state.unknown_status).toBe("stopping");
+    expect(decodeTaskState(DSTACK_SHIM_V1)).not.toHaveProperty("unknown_status");
   });
 
   it("keeps a newer release's fields, at the top, in the config and in a volume, and writes them back unchanged", () => {

@@ -139,6 +139,29 @@ export const TaskInfo = Type.Object({
   finished_at: Type.Union([Type.String({ format: "date-time" }), Type.Null()], {
     description: "taskshim extension: when the task became terminated (the container's own finish time)",
   }),
+  held: Type.Optional(
+    Type.Object(
+      {
+        kind: open(
+          Type.Union([
+            Type.Literal("newer-format"),
+            Type.Literal("newer-status"),
+            Type.Literal("unquarantined"),
+          ]),
+        ),
+        message: Type.String({ description: "why, in the words a refused request is answered with (409)" }),
+        status: Type.Optional(
+          Type.String({
+            description: "the status its task.json holds, as written, when `status` cannot carry it",
+          }),
+        ),
+      },
+      {
+        description:
+          "taskshim extension, present only for a task this release leaves alone: a newer taskshim's (a task.json of a newer version, or with a status this release does not know), or one whose unreadable task.json could not be moved to the quarantine. It is shown read-only; a submit, terminate or remove of its id answers 409.",
+      },
+    ),
+  ),
 });
 export const TaskList = Type.Object({
   tasks: Type.Array(Type.Object({ id: Type.String(), status: Status })),

@@ -1,4 +1,4 @@
-import type { Task } from "../tasks/task.js";
+import { heldMessage, type Task } from "../tasks/task.js";
 import type { TaskStatusChange } from "../tasks/task-store.js";
 import type { TaskEventAnswer, TaskInfoAnswer } from "./schemas.js";
 
@@ -28,6 +28,17 @@ export function taskInfo(task: Task): TaskInfoAnswer {
     created_at: iso(task.createdAt),
     started_at: iso(task.startedAt),
     finished_at: iso(task.finishedAt),
+    ...(task.held !== undefined
+      ? {
+          held: {
+            kind: task.held.kind,
+            message: heldMessage(task.id, task.held),
+            ...(task.held.kind !== "unquarantined" && task.held.status !== undefined
+              ? { status: task.held.status }
+              : {}),
+          },
+        }
+      : {}),
   };
 }
 
