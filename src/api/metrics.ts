@@ -69,11 +69,16 @@ export class ShimMetrics {
   });
   readonly quarantined = new Gauge({
     name: "taskshim_quarantined_state_files",
-    help: "State files set aside at the last start (corrupt, or of a newer format)",
+    help: "State files set aside at the last start: corrupt (held in the quarantine), newer-format (a newer release's, left alone), quarantine-failed (unreadable, left in place because the move failed)",
     labelNames: ["kind"] as const,
     registers: [this.registry],
   });
   readonly connectionsRefused = new Counter({
+  readonly quarantineFailures = new Counter({
+    name: "taskshim_quarantine_failures_total",
+    help: "Unreadable state files and task dirs whose move to the quarantine failed (left in place, never written)",
+    registers: [this.registry],
+  });
     name: "taskshim_http_connections_refused_total",
     help: "HTTP connections refused because 1,000 were already open",
     registers: [this.registry],

@@ -1,6 +1,6 @@
 import { setMaxListeners } from "node:events";
 import { existsSync } from "node:fs";
-import { chmod, mkdir, readFile, stat } from "node:fs/promises";
+import { mkdir, readFile, stat } from "node:fs/promises";
 import { createServer } from "node:net";
 import { join } from "node:path";
 import { ShimMetrics } from "../api/metrics.js";
@@ -48,6 +48,8 @@ import { startHeapTrim } from "./heap-trim.js";
 import type { GlibcMalloc } from "./glibc-malloc.js";
 import { inspectInheritedSocket, listenTarget, SocketActivationError } from "./listen-target.js";
 import { SHUTDOWN_TIMINGS, ShutdownDeadline } from "./shutdown-deadline.js";
+import { StartInterruptedError, unlessInterrupted } from "./start-interruption.js";
+import { narrowLogFileMode } from "../state/log-file-sink.js";
 import { errorMessage } from "../errors/error-message.js";
 import { ShimLifecycle } from "../lifecycle/shim-lifecycle.js";
 
@@ -162,8 +164,14 @@ export interface RunningShim {
  * Background jobs (reconcile loop, event stream, starts, installs) belong to the shim and are
  * cancelled and awaited on shutdown; containers are never touched by a shutdown.
  * `malloc`: the C heap's controls, where this host has them (`loadGlibcMalloc`), for the idle trim.
+ * `interrupted`: aborted (with a `StartInterruptedError`) by a signal before the shim serves: the
+ * start stops waiting at once, releases the home lock and throws that error (a clean stop).
  */
-export async function startShim(config: ShimConfig, malloc?: GlibcMalloc): Promise<RunningShim> {
+export async function startShim(
+  config: ShimConfig,
+  malloc?: GlibcMalloc,
+  interrupted?: AbortSignal,
+): Promise<RunningShim> {
   await mkdir(config.home, { recursive: true, mode: 0o755 });
   const authToken = await readAuthToken(config.authTokenFile);
   // Every cheap precondition before the home lock, the engine and the restore. A socket systemd
@@ -176,14 +184,15 @@ export async function startShim(config: ShimConfig, malloc?: GlibcMalloc): Promi
     const inherited = await inspectInheritedSocket(target.fd);
     if (inherited.kind === "refused") throw new SocketActivationError(inherited.why);
   }
+  interrupted?.throwIfAborted();
   let lock: HomeLock;
   try {
     lock = await acquireHomeLock(config.home);
   } catch (error) {
     throw new StartupError(errorMessage(error), { cause: error });
   }
-  // A log file made by an earlier version (0644) is narrowed too.
-  await chmod(join(config.home, "shim.log"), 0o600).catch(() => undefined);
+  // A log file made by an earlier version (0644) is narrowed too (never through a symlink).
+  narrowLogFileMode(join(config.home, "shim.log"));
   const { log, logFile } = await createLogger(config);
   const lifecycle = new ShimLifecycle(log);
   try {
@@ -199,6 +208,14 @@ export async function startShim(config: ShimConfig, malloc?: GlibcMalloc): Promi
   // its listener when it settles: deadline-signal.ts), so their count follows the work in flight,
   // e.g. 16 inspects at once in a restore: Node's leak heuristic of 10 does not apply to them.
   setMaxListeners(0, shutdownController.signal, interruption.signal);
+  // A signal before the shim serves ends what is in flight (engine calls, commands) at once; the
+  // start stops waiting for it (`unlessInterrupted`) and ends in the catch below.
+  const onInterrupt = (): void => {
+    shutdownController.abort(new Error("shim start interrupted"));
+    interruption.abort(new Error("shim start interrupted"));
+  };
+  interrupted?.addEventListener("abort", onInterrupt, { once: true });
+  if (interrupted?.aborted === true) onInterrupt();
   let stopHomeWatch = (): void => undefined;
   try {
     const store = new TaskStore();
@@ -268,7 +285,7 @@ export async function startShim(config: ShimConfig, malloc?: GlibcMalloc): Promi
     ] as const;
     // All of them end before a failure is reported: none still writes into the home once the
     // failed start has released its lock.
-    await Promise.allSettled(steps);
+    await unlessInterrupted(Promise.allSettled(steps), interrupted);
     const [{ gpus: inventory, fingerprint }, homeId, bootId] = await Promise.all(steps);
     const binding = await checkEngineBinding({
       home: config.home,
@@ -384,7 +401,7 @@ export async function startShim(config: ShimConfig, malloc?: GlibcMalloc): Promi
     // Restore, persist what it reconciled, the first tick, host keys (runner/recover.ts); the
     // cut starts resume once the API serves.
     lifecycle.to("restoring");
-    const recovery = await recover({ ctx, runner, reconciler });
+    const recovery = await unlessInterrupted(recover({ ctx, runner, reconciler }), interrupted);
     const report = recovery.report;
     // A home from before engine records, with tasks: bound now to the engine they were found on.
     if (engineGuard.state().state === "unbound" && store.list().length > 0) {
@@ -399,13 +416,16 @@ export async function startShim(config: ShimConfig, malloc?: GlibcMalloc): Promi
     metrics.quarantined.set({ kind: "corrupt" }, report.quarantineHeld);
     metrics.quarantined.set({ kind: "newer-format" }, report.skippedNewer.length);
 
+    metrics.quarantined.set({ kind: "quarantine-failed" }, report.quarantineFailed.length);
+    metrics.quarantineFailures.inc(report.quarantineFailed.length);
     const checked = components.refresh().then(() => {
       if (config.runnerDownloadUrl && !existsSync(config.runnerBinaryPath)) {
         components.install("dstack-runner", config.runnerDownloadUrl, undefined);
       }
     });
 
-    await apiReady;
+    await unlessInterrupted(apiReady, interrupted);
+    interrupted?.throwIfAborted();
     try {
       // fastify hands its options to net.Server#listen, which serves `fd` and then ignores
       // `host`; a host other than "localhost" keeps fastify from adding a second (::1) binding.
@@ -448,6 +468,8 @@ export async function startShim(config: ShimConfig, malloc?: GlibcMalloc): Promi
     lifecycle.to("serving");
 
     const loop = reconciler.run();
+    // From here a signal is a shutdown (`RunningShim.shutdown`), no longer an interrupted start.
+    interrupted?.removeEventListener("abort", onInterrupt);
     const events = config.testing.noEvents ? Promise.resolve() : reconciler.followEvents();
     const probing = storage.run(shutdownController.signal);
     const dcgmRunning = dcgm.start(shutdownController.signal);
@@ -523,12 +545,23 @@ export async function startShim(config: ShimConfig, malloc?: GlibcMalloc): Promi
     }
     return { address, stopped, shutdown };
   } catch (error) {
-    lifecycle.to("failed", { error: errorMessage(error) });
+    interrupted?.removeEventListener("abort", onInterrupt);
+    // Interrupted by a signal (whatever the step in flight then threw): a clean stop.
+    const stoppedBy = interrupted?.aborted === true ? (interrupted.reason as Error) : undefined;
+    if (stoppedBy instanceof StartInterruptedError) {
+      lifecycle.to("draining", { interruptedBy: stoppedBy.by });
+      log.info(
+        { by: stoppedBy.by },
+        "start interrupted; stopping before serving (containers keep running, the next start restores)",
+      );
+    } else lifecycle.to("failed", { error: errorMessage(error) });
     shutdownController.abort();
     stopHomeWatch();
     await lock.release();
+    interruption.abort();
     log.flush();
     logFile.close();
-    throw error;
+    if (stoppedBy instanceof StartInterruptedError) lifecycle.to("stopped", { outcome: "interrupted" });
+    throw stoppedBy instanceof StartInterruptedError ? stoppedBy : error;
   }
 }
