@@ -133,6 +133,7 @@ describe("buildContainerSpec", () => {
       gpu: {
         deviceRequests: [{ DeviceIDs: ["GPU-1"], Capabilities: [["gpu"]] }],
         devices: [],
+        mounts: [],
         capAdd: [],
         securityOpt: [],
         env: [],

@@ -123,6 +123,7 @@ export function buildContainerSpec(input: {
 
   const devices: { PathOnHost: string; PathInContainer: string; CgroupPermissions: string }[] = [];
   let gpuHostConfig: Record<string, unknown> = {};
+  let gpuEnv: readonly string[] = [];
   // `gpu` is given only when the task holds GPUs; explicit gpu_devices replace the vendor setup.
   if (gpu && config.gpu_devices.length > 0) {
     devices.push(
@@ -134,11 +135,14 @@ export function buildContainerSpec(input: {
     );
   } else if (gpu) {
     devices.push(...gpu.devices);
+    mounts.push(...gpu.mounts);
+    gpuEnv = gpu.env;
     gpuHostConfig = {
       ...(gpu.deviceRequests.length > 0 ? { DeviceRequests: gpu.deviceRequests } : {}),
       ...(gpu.capAdd.length > 0 ? { CapAdd: gpu.capAdd } : {}),
       ...(gpu.securityOpt.length > 0 ? { SecurityOpt: gpu.securityOpt } : {}),
       ...(gpu.ipcMode ? { IpcMode: gpu.ipcMode } : {}),
+      ...(gpu.runtime ? { Runtime: gpu.runtime } : {}),
     };
   }
   if (params.infiniband) {
@@ -152,7 +156,7 @@ export function buildContainerSpec(input: {
   const env = [
     ...params.baseEnv,
     ...(params.pjrtDevice ? [`PJRT_DEVICE=${params.pjrtDevice}`] : []),
-    ...(gpu?.env ?? []),
+    ...gpuEnv,
     ...Object.entries(config.env ?? {}).map(([k, v]) => `${k}=${v}`),
   ];
 

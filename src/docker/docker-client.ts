@@ -61,6 +61,8 @@ export interface ContainerDetails {
     readonly DeviceRequests?: { Driver?: string; DeviceIDs?: string[] }[] | null;
     readonly Devices?: { PathOnHost?: string; PathInContainer?: string }[] | null;
   };
+  /** Its environment, `NAME=value` (Gaudi's accelerator indices are read back from it); absent when not read. */
+  readonly env?: readonly string[];
 }
 
 /**

@@ -235,6 +235,7 @@ export class DockerodeClient
           Devices: (info.HostConfig.Devices ?? null) as
             { PathOnHost?: string; PathInContainer?: string }[] | null,
         },
+        env: info.Config.Env ?? [],
       };
     } catch (error) {
       if (error instanceof DockerNotFoundError) return undefined;

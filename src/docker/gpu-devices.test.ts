@@ -39,6 +39,7 @@ describe("gpuContainerConfig", () => {
     expect(gpuContainerConfig(NVIDIA, [])).toEqual({
       deviceRequests: [],
       devices: [],
+      mounts: [],
       capAdd: [],
       securityOpt: [],
       env: [],
@@ -71,6 +72,7 @@ describe("gpuContainerConfig", () => {
           CgroupPermissions: "rwm",
         },
       ],
+      mounts: [],
       capAdd: ["SYS_PTRACE"],
       securityOpt: ["seccomp=unconfined"],
       ipcMode: "host",
@@ -109,6 +111,7 @@ describe("gpuContainerConfig", () => {
         },
       ],
       devices: [],
+      mounts: [],
       capAdd: [],
       securityOpt: [],
       env: [],

@@ -4,8 +4,14 @@
  * detection is `host/gpu-inventory.ts`; this module only imports its types. The spec is built
  * for Docker; `hostConfigForEngine` is the one translation of its GPUs for Podman (CDI).
  */
+import { existsSync } from "node:fs";
 import { posix } from "node:path";
-import type { AMD_KFD_PATH, GpuInventory } from "../host/gpu-inventory.js";
+import type {
+  AMD_KFD_PATH,
+  GpuInventory,
+  HUGEPAGES_1G_PATH,
+  TENSTORRENT_DEVICE_DIR,
+} from "../host/gpu-inventory.js";
 import type { ContainerDetails } from "./docker-client.js";
 import { versionAtLeast, type EngineInfo } from "./engine-info.js";
 
@@ -47,32 +53,56 @@ export const NVIDIA_GPU_CAPABILITIES: readonly string[] = [
 
 /** ROCm's device node, the same path on the host and in the container; typed to match the host's. */
 const KFD_PATH: typeof AMD_KFD_PATH = "/dev/kfd";
+/** Tenstorrent's device directory and 1 GiB huge page mount; typed to match the host's. */
+const TT_DEVICE_DIR: typeof TENSTORRENT_DEVICE_DIR = "/dev/tenstorrent";
+const HUGEPAGES_PATH: typeof HUGEPAGES_1G_PATH = "/dev/hugepages-1G";
+
+/** The container runtime of Intel Gaudi (habana-container-runtime), registered with the engine. */
+export const HABANA_RUNTIME = "habana";
+/** The variable the habana runtime reads the accelerator indices from. */
+export const HABANA_VISIBLE_DEVICES = "HABANA_VISIBLE_DEVICES";
 
 /** The GPU part of a container spec (Docker `HostConfig` fields plus env). */
 export interface GpuContainerConfig {
   readonly deviceRequests: readonly { Driver?: string; DeviceIDs: string[]; Capabilities: string[][] }[];
   readonly devices: readonly { PathOnHost: string; PathInContainer: string; CgroupPermissions: string }[];
+  /** Bind mounts (Tenstorrent's huge pages). */
+  readonly mounts: readonly { Type: "bind"; Source: string; Target: string }[];
   readonly capAdd: readonly string[];
   readonly securityOpt: readonly string[];
   readonly ipcMode?: string;
+  /** The OCI runtime the engine runs the container with (Gaudi's `habana`); absent: the engine's default. */
+  readonly runtime?: string;
   readonly env: readonly string[];
 }
 
 /** Options of {@link gpuContainerConfig}. */
 export interface GpuContainerConfigOptions {
   /**
-   * Request NVIDIA's `display` capability (default true). No caller turns it off today:
-   * dstack-shim re-creates the container without it when a start fails on
-   * `/dev/nvidia-modeset`; taskshim has no such retry, so such a start fails.
+   * Request NVIDIA's `display` capability (default true). A start that fails because the host has
+   * no `/dev/nvidia-modeset` is made again without it (`runner/nvidia-display-retry.ts`).
    */
   readonly nvidiaDisplay?: boolean;
+  /**
+   * Whether a host path exists, asked for Tenstorrent's huge page mount when the spec is built
+   * (a mount that appears after the shim started is used). Defaults to `existsSync`.
+   */
+  readonly hostPathExists?: (path: string) => boolean;
 }
 
 /**
- * The GPU part of the container spec for the locked `ids`: NVIDIA gets one device request
- * with the capability list; AMD gets `/dev/kfd` and each render node as devices, host IPC,
- * `SYS_PTRACE` and an unconfined seccomp profile (ROCm needs all three). Host paths go through the
- * inventory's fixture overrides. No ids → an empty config.
+ * The GPU part of the container spec for the locked `ids`, per vendor as dstack-shim's
+ * `configureGpus` (runner/internal/shim/docker.go) sets it:
+ *
+ * - NVIDIA: one device request with the ids and the capability list;
+ * - AMD: `/dev/kfd` and each render node as devices, host IPC, `SYS_PTRACE` and an unconfined
+ *   seccomp profile (ROCm needs all three);
+ * - Tenstorrent: each `/dev/tenstorrent/<id>` as a device, and `/dev/hugepages-1G` bind-mounted
+ *   when the host has it;
+ * - Intel Gaudi: the `habana` runtime, host IPC, `SYS_NICE` and `HABANA_VISIBLE_DEVICES=<ids>`
+ *   (the runtime adds the device nodes itself).
+ *
+ * Host paths go through the inventory's fixture overrides. No ids → an empty config.
  *
  * @throws UnknownGpuIdError for an id the inventory does not have.
  */
@@ -81,13 +111,26 @@ export function gpuContainerConfig(
   ids: readonly string[],
   options: GpuContainerConfigOptions = {},
 ): GpuContainerConfig {
-  const empty: GpuContainerConfig = { deviceRequests: [], devices: [], capAdd: [], securityOpt: [], env: [] };
+  const empty: GpuContainerConfig = {
+    deviceRequests: [],
+    devices: [],
+    mounts: [],
+    capAdd: [],
+    securityOpt: [],
+    env: [],
+  };
   if (ids.length === 0) return empty;
   const known = new Set(inventory.gpus.map((gpu) => gpu.id));
   const unknown = ids.filter((id) => !known.has(id));
   if (unknown.length > 0 || inventory.vendor === "none") {
     throw new UnknownGpuIdError(`unknown GPU id(s): ${(unknown.length > 0 ? unknown : ids).join(", ")}`);
   }
+  const hostPath = (path: string): string => inventory.deviceOverrides?.[path] ?? path;
+  const device = (path: string) => ({
+    PathOnHost: hostPath(path),
+    PathInContainer: path,
+    CgroupPermissions: "rwm",
+  });
   switch (inventory.vendor) {
     case "nvidia": {
       const capabilities = NVIDIA_GPU_CAPABILITIES.filter(
@@ -95,12 +138,7 @@ export function gpuContainerConfig(
       );
       return { ...empty, deviceRequests: [{ DeviceIDs: [...ids], Capabilities: [capabilities] }] };
     }
-    case "amd": {
-      const device = (path: string) => ({
-        PathOnHost: inventory.deviceOverrides?.[path] ?? path,
-        PathInContainer: path,
-        CgroupPermissions: "rwm",
-      });
+    case "amd":
       return {
         ...empty,
         devices: [device(KFD_PATH), ...ids.map(device)],
@@ -108,7 +146,23 @@ export function gpuContainerConfig(
         capAdd: ["SYS_PTRACE"],
         securityOpt: ["seccomp=unconfined"],
       };
+    case "tenstorrent": {
+      const exists = options.hostPathExists ?? existsSync;
+      const hugepages = hostPath(HUGEPAGES_PATH);
+      return {
+        ...empty,
+        devices: ids.map((id) => device(`${TT_DEVICE_DIR}/${id}`)),
+        mounts: exists(hugepages) ? [{ Type: "bind", Source: hugepages, Target: HUGEPAGES_PATH }] : [],
+      };
     }
+    case "intel":
+      return {
+        ...empty,
+        runtime: HABANA_RUNTIME,
+        ipcMode: "host",
+        capAdd: ["SYS_NICE"],
+        env: [`${HABANA_VISIBLE_DEVICES}=${ids.join(",")}`],
+      };
   }
 }
 
@@ -172,18 +226,37 @@ function gpuIdOfDeviceId(id: string): string {
 }
 
 /**
- * The GPU ids an existing container holds, recovered after a shim restart (by `restoreTasks`): NVIDIA
- * reads the ids of its single device request (none with explicit `gpu_devices`), a CDI request's
- * `nvidia.com/gpu=<uuid>` names as their UUIDs (on Podman the adapter restores that request from
- * the container's label, as Podman does not report it); AMD takes the
- * devices whose host path is one of the inventory's render nodes, mapping fixture nodes back to
- * their ids.
+ * The GPU ids an existing container holds, recovered after a shim restart (by `restoreTasks`), per
+ * vendor as dstack-shim's `restoreStateFromContainers` reads them back:
+ *
+ * - NVIDIA: the ids of its single device request (none with explicit `gpu_devices`), a CDI
+ *   request's `nvidia.com/gpu=<uuid>` names as their UUIDs (on Podman the adapter restores that
+ *   request from the container's label, as Podman does not report it);
+ * - AMD: the devices whose host path is one of the inventory's render nodes;
+ * - Tenstorrent: the `<id>` of each device `/dev/tenstorrent/<id>`;
+ * - Intel Gaudi: the indices of `HABANA_VISIBLE_DEVICES` in the container's `env`.
+ *
+ * Fixture nodes are mapped back to their ids, and only ids the inventory has are returned, each
+ * once, in the container's order.
  */
 export function gpuIdsFromContainer(
   inventory: GpuInventory,
   hostConfig: ContainerDetails["hostConfig"] | undefined,
+  env: readonly string[] = [],
 ): string[] {
   if (hostConfig === undefined) return [];
+  const known = new Set(inventory.gpus.map((gpu) => gpu.id));
+  const byHostPath = new Map(
+    Object.entries(inventory.deviceOverrides ?? {}).map(([path, hostPath]) => [hostPath, path]),
+  );
+  const devicePaths = (): string[] =>
+    (hostConfig.Devices ?? []).flatMap((device) =>
+      device.PathOnHost === undefined
+        ? []
+        : [byHostPath.get(device.PathOnHost) ?? posix.normalize(device.PathOnHost)],
+    );
+  const knownOnce = (ids: readonly string[]): string[] =>
+    ids.filter((id, at) => known.has(id) && ids.indexOf(id) === at);
   switch (inventory.vendor) {
     case "nvidia": {
       const requests = hostConfig.DeviceRequests ?? [];
@@ -194,18 +267,20 @@ export function gpuIdsFromContainer(
         .map(gpuIdOfDeviceId)
         .filter((id) => id !== "");
     }
-    case "amd": {
-      const renderNodes = new Set(inventory.gpus.map((gpu) => gpu.id));
-      const byHostPath = new Map(
-        Object.entries(inventory.deviceOverrides ?? {}).map(([id, hostPath]) => [hostPath, id]),
+    case "amd":
+      return knownOnce(devicePaths());
+    case "tenstorrent": {
+      const prefix = `${TT_DEVICE_DIR}/`;
+      return knownOnce(
+        devicePaths()
+          .filter((path) => path.startsWith(prefix))
+          .map((path) => path.slice(prefix.length)),
       );
-      const ids: string[] = [];
-      for (const device of hostConfig.Devices ?? []) {
-        if (device.PathOnHost === undefined) continue;
-        const id = byHostPath.get(device.PathOnHost) ?? posix.normalize(device.PathOnHost);
-        if (renderNodes.has(id) && !ids.includes(id)) ids.push(id);
-      }
-      return ids;
+    }
+    case "intel": {
+      const prefix = `${HABANA_VISIBLE_DEVICES}=`;
+      const visible = env.find((entry) => entry.startsWith(prefix));
+      return visible === undefined ? [] : knownOnce(visible.slice(prefix.length).split(","));
     }
     case "none":
       return [];

@@ -1,7 +1,8 @@
-import { mkdtemp, rm, writeFile } from "node:fs/promises";
+import { readFileSync } from "node:fs";
+import { mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
-import { join } from "node:path";
-import { afterEach, beforeEach, describe, expect, it } from "vitest";
+import { dirname, join, resolve } from "node:path";
+import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from "vitest";
 import { EXPIRED, exited, ScriptedCommands } from "../testing/fake-command-runner.js";
 import { CommandLaunchError, type BoundedOutcome } from "../exec/run-bounded.js";
 import {
@@ -16,6 +17,41 @@ import {
 import { thrown } from "../testing/thrown.js";
 
 const missing = () => new CommandLaunchError("cannot start: ENOENT");
+
+/** Fake host roots, one per kind of host: only the device paths detection reads exist. */
+const roots: Record<"none" | "nvidia" | "amd" | "intel" | "tenstorrent", string> = {
+  none: "",
+  nvidia: "",
+  amd: "",
+  intel: "",
+  tenstorrent: "",
+};
+const DEVICE_TREES: Record<keyof typeof roots, readonly string[]> = {
+  none: ["/dev/null"],
+  nvidia: ["/dev/nvidiactl", "/dev/nvidia0", "/dev/kfd"],
+  amd: ["/dev/kfd", "/dev/dri/renderD128"],
+  intel: ["/dev/accel/accel0"],
+  tenstorrent: ["/dev/tenstorrent/0", "/sys/module/tenstorrent/version"],
+};
+let rootsDir: string;
+beforeAll(async () => {
+  rootsDir = await mkdtemp(join(tmpdir(), "gpu-hosts-"));
+  for (const [kind, paths] of Object.entries(DEVICE_TREES)) {
+    const root = join(rootsDir, kind);
+    roots[kind as keyof typeof roots] = root;
+    for (const path of paths) {
+      await mkdir(dirname(join(root, path)), { recursive: true });
+      await writeFile(join(root, path), path.endsWith("/version") ? "1.31\n" : "");
+    }
+  }
+});
+afterAll(async () => {
+  await rm(rootsDir, { recursive: true, force: true });
+});
+
+/** `tt-smi -s` and `hl-smi` answers in their tools' shapes (test/fixtures/gpu/). */
+const recorded = (name: string): string =>
+  readFileSync(resolve(import.meta.dirname, "../../test/fixtures/gpu", name), "utf8");
 
 const NVIDIA_SMI = [
   "GPU-2b79666e-d81f-f3f8-fd47-9903f118c3f5, NVIDIA H100 80GB HBM3, 81559, 570.86.15, 1",
@@ -106,10 +142,29 @@ describe("detectGpus on a host", () => {
   const expectBounded = (commands: ScriptedCommands) => {
     for (const call of commands.calls) expect(call.bound?.remainingMs()).toBeGreaterThan(0);
   };
+  const on = (kind: keyof typeof roots, extra: Parameters<typeof detectGpus>[1] = {}) => ({
+    hostRoot: roots[kind],
+    ...extra,
+  });
 
-  it("uses nvidia-smi when it reports GPUs, under a deadline", async () => {
+  it("runs no tool at all on a host without accelerator device paths, installed or not", async () => {
     const commands = new ScriptedCommands(() => exited(0, NVIDIA_SMI));
-    const inventory = await detectGpus(commands);
+    const asked: string[] = [];
+    const installed = (tool: string) => {
+      asked.push(tool);
+      return Promise.resolve(true);
+    };
+    await expect(detectGpus(commands, on("none", { installed }))).resolves.toEqual({
+      vendor: "none",
+      gpus: [],
+    });
+    expect(commands.calls).toHaveLength(0);
+    expect(asked).toEqual([]);
+  });
+
+  it("on an NVIDIA host (an AMD iGPU beside it) uses nvidia-smi alone, under a deadline", async () => {
+    const commands = new ScriptedCommands(() => exited(0, NVIDIA_SMI));
+    const inventory = await detectGpus(commands, on("nvidia"));
     expect(inventory.vendor).toBe("nvidia");
     expect(inventory.gpus.map((gpu) => gpu.index)).toEqual([0, 1]);
     expect(commands.argvs()).toEqual([
@@ -118,47 +173,76 @@ describe("detectGpus on a host", () => {
     expectBounded(commands);
   });
 
-  it("runs no tool that is not installed (none: vendor none without a command; amd-smi only: only it)", async () => {
-    const none = new ScriptedCommands(() => exited(0, NVIDIA_SMI));
-    expect(await detectGpus(none, { installed: () => Promise.resolve(false) })).toEqual({
-      vendor: "none",
-      gpus: [],
-    });
-    expect(none.calls).toHaveLength(0);
-    const amdOnly = new ScriptedCommands(() => exited(0, "not json"));
-    await detectGpus(amdOnly, {
-      installed: (tool) => Promise.resolve(tool === "amd-smi"),
-      log: () => undefined,
-    });
-    expect(amdOnly.argvs().every((argv) => argv.startsWith("amd-smi"))).toBe(true);
-    expect(amdOnly.calls.length).toBeGreaterThan(0);
-  });
-
-  it("asks about each tool by its own name (nvidia-smi only: only it runs)", async () => {
-    const asked: string[] = [];
-    const nvidiaOnly = new ScriptedCommands(() => exited(0, NVIDIA_SMI));
-    const inventory = await detectGpus(nvidiaOnly, {
-      installed: (tool) => {
-        asked.push(tool);
-        return Promise.resolve(tool === "nvidia-smi");
-      },
-    });
-    expect(inventory.vendor).toBe("nvidia");
-    expect(asked).toEqual(["nvidia-smi", "amd-smi"]);
-    expect(nvidiaOnly.argvs().every((argv) => argv.startsWith("nvidia-smi"))).toBe(true);
-  });
-
-  it("falls back to amd-smi and resolves render nodes by BDF", async () => {
-    const commands = new ScriptedCommands((argv) =>
-      argv[0] === "nvidia-smi" ? missing() : exited(0, AMD_SMI_ROCM6),
+  it("on a Gaudi host uses hl-smi: the index is each card's id", async () => {
+    const commands = new ScriptedCommands(() => exited(0, recorded("hl-smi-8x-gaudi2.csv")));
+    const inventory = await detectGpus(commands, on("intel"));
+    expect(inventory.vendor).toBe("intel");
+    expect(inventory.gpus.map((gpu) => `${gpu.id}:${gpu.name}:${gpu.vramMiB}`)).toEqual(
+      Array.from({ length: 8 }, (_, i) => `${i}:HL-225:98304`),
     );
+    expect(commands.argvs()).toEqual([
+      "hl-smi --query-aip=name,memory.total,index --format=csv,noheader,nounits",
+    ]);
+    expectBounded(commands);
+  });
+
+  it("on a Tenstorrent host uses tt-smi -s: one GPU per local chip, with the TT-KMD version", async () => {
+    const commands = new ScriptedCommands(() => exited(0, recorded("tt-smi-4x-n300.json")));
+    const inventory = await detectGpus(commands, on("tenstorrent"));
+    expect(inventory).toEqual({
+      vendor: "tenstorrent",
+      gpus: [0, 1, 2, 3].map((i) => ({
+        vendor: "tenstorrent",
+        name: "n300",
+        vramMiB: 24576,
+        id: String(i),
+        index: i,
+        driverVersion: "1.31",
+      })),
+    });
+    expect(commands.argvs()).toEqual(["tt-smi -s"]);
+    expectBounded(commands);
+  });
+
+  it("asks only about the tool of the host's vendor, and logs it when it is missing", async () => {
+    for (const [kind, tool] of [
+      ["nvidia", "nvidia-smi"],
+      ["amd", "amd-smi"],
+      ["intel", "hl-smi"],
+      ["tenstorrent", "tt-smi"],
+    ] as const) {
+      const asked: string[] = [];
+      const logs: [string, object | undefined][] = [];
+      const commands = new ScriptedCommands(() => exited(0, ""));
+      const inventory = await detectGpus(
+        commands,
+        on(kind, {
+          installed: (name) => {
+            asked.push(name);
+            return Promise.resolve(false);
+          },
+          log: (msg, fields) => logs.push([msg, fields]),
+        }),
+      );
+      expect(inventory, kind).toEqual({ vendor: "none", gpus: [] });
+      expect(asked, kind).toEqual([tool]);
+      expect(commands.calls, kind).toHaveLength(0);
+      expect(logs, kind).toEqual([
+        [`${kind} devices found but ${tool} is not installed; assuming no GPUs`, { vendor: kind, tool }],
+      ]);
+    }
+  });
+
+  it("on an AMD host uses amd-smi and resolves render nodes by BDF", async () => {
+    const commands = new ScriptedCommands(() => exited(0, AMD_SMI_ROCM6));
     const nodes: Record<string, string> = {
       "0000:0c:00.0": "/dev/dri/renderD128",
       "0000:22:00.0": "/dev/dri/renderD136",
     };
-    const inventory = await detectGpus(commands, {
-      resolveRenderNode: (bdf) => Promise.resolve(nodes[bdf] ?? "/nowhere"),
-    });
+    const inventory = await detectGpus(
+      commands,
+      on("amd", { resolveRenderNode: (bdf) => Promise.resolve(nodes[bdf] ?? "/nowhere") }),
+    );
     expect(inventory).toEqual({
       vendor: "amd",
       gpus: [
@@ -180,65 +264,72 @@ describe("detectGpus on a host", () => {
         },
       ],
     });
-    expect(commands.argvs()[1]).toBe("amd-smi static --json --asic --vram --bus --driver");
+    expect(commands.argvs()).toEqual(["amd-smi static --json --asic --vram --bus --driver"]);
     expectBounded(commands);
   });
 
   it("retries amd-smi without --driver when it exits non-zero, and skips unresolvable GPUs", async () => {
-    const commands = new ScriptedCommands((argv) => {
-      if (argv[0] === "nvidia-smi") return missing();
-      return argv.includes("--driver") ? exited(2, "", "unrecognized --driver") : exited(0, AMD_SMI_ROCM6);
-    });
+    const commands = new ScriptedCommands((argv) =>
+      argv.includes("--driver") ? exited(2, "", "unrecognized --driver") : exited(0, AMD_SMI_ROCM6),
+    );
     const logged: string[] = [];
-    const inventory = await detectGpus(commands, {
-      resolveRenderNode: (bdf) =>
-        bdf === "0000:0c:00.0" ? Promise.resolve("/dev/dri/renderD128") : Promise.reject(new Error("ENOENT")),
-      log: (msg) => logged.push(msg),
-    });
+    const inventory = await detectGpus(
+      commands,
+      on("amd", {
+        resolveRenderNode: (bdf) =>
+          bdf === "0000:0c:00.0"
+            ? Promise.resolve("/dev/dri/renderD128")
+            : Promise.reject(new Error("ENOENT")),
+        log: (msg) => logged.push(msg),
+      }),
+    );
     expect(inventory.gpus.map((gpu) => gpu.id)).toEqual(["/dev/dri/renderD128"]);
-    expect(commands.argvs().slice(1)).toEqual([
+    expect(commands.argvs()).toEqual([
       "amd-smi static --json --asic --vram --bus --driver",
       "amd-smi static --json --asic --vram --bus",
     ]);
     expect(logged).toHaveLength(1);
   });
 
-  it("reports vendor none when neither tool is installed", async () => {
-    const commands = new ScriptedCommands(() => missing());
-    await expect(detectGpus(commands)).resolves.toEqual({ vendor: "none", gpus: [] });
+  it("reports vendor none when the vendor's tool lists no GPU", async () => {
+    await expect(detectGpus(new ScriptedCommands(() => exited(0, "")), on("nvidia"))).resolves.toEqual({
+      vendor: "none",
+      gpus: [],
+    });
+    await expect(
+      detectGpus(new ScriptedCommands(() => exited(0, '{"device_info": []}')), on("tenstorrent")),
+    ).resolves.toEqual({ vendor: "none", gpus: [] });
   });
 
-  it("reports vendor none when nvidia-smi lists no GPU and amd-smi is missing", async () => {
-    const commands = new ScriptedCommands((argv) => (argv[0] === "nvidia-smi" ? exited(0, "") : missing()));
-    await expect(detectGpus(commands)).resolves.toEqual({ vendor: "none", gpus: [] });
-  });
-
-  it("logs a failing or wedged tool and carries on without its GPUs", async () => {
+  it("logs a failing, missing, wedged or garbling tool and carries on without GPUs", async () => {
     const logged: string[] = [];
     const log = (msg: string, fields?: object) => logged.push(`${msg} ${JSON.stringify(fields)}`);
-    const failing = new ScriptedCommands((argv) =>
-      argv[0] === "nvidia-smi" ? exited(9, "", "couldn't communicate with the NVIDIA driver") : missing(),
-    );
-    await expect(detectGpus(failing, { log })).resolves.toEqual({ vendor: "none", gpus: [] });
+    const failing = new ScriptedCommands(() => exited(9, "", "couldn't communicate with the NVIDIA driver"));
+    await expect(detectGpus(failing, on("nvidia", { log }))).resolves.toEqual({ vendor: "none", gpus: [] });
     expect(logged).toEqual([expect.stringMatching(/nvidia-smi failed.*NVIDIA driver/)]);
 
-    const wedgedNvidia = new ScriptedCommands((argv) =>
-      argv[0] === "nvidia-smi" ? EXPIRED : exited(0, AMD_SMI_ROCM6),
-    );
-    const amd = await detectGpus(wedgedNvidia, {
-      log,
-      resolveRenderNode: () => Promise.resolve("/dev/dri/renderD128"),
+    logged.length = 0;
+    // The device paths said Gaudi: a tool that cannot even be started is worth a line too.
+    await expect(detectGpus(new ScriptedCommands(missing), on("intel", { log }))).resolves.toEqual({
+      vendor: "none",
+      gpus: [],
     });
-    expect(amd.vendor).toBe("amd");
+    expect(logged).toEqual([
+      expect.stringMatching(/^GPU detection with hl-smi failed.*cannot start: ENOENT/),
+    ]);
 
     logged.length = 0;
-    const wedgedAmd = new ScriptedCommands((argv) => (argv[0] === "nvidia-smi" ? missing() : EXPIRED));
-    await expect(detectGpus(wedgedAmd, { log })).resolves.toEqual({ vendor: "none", gpus: [] });
-    expect(logged).toEqual([expect.stringMatching(/amd-smi failed.*deadline exceeded/)]);
-    expect(wedgedAmd.calls).toHaveLength(2);
+    const wedged = new ScriptedCommands(() => EXPIRED);
+    await expect(detectGpus(wedged, on("tenstorrent", { log }))).resolves.toEqual({
+      vendor: "none",
+      gpus: [],
+    });
+    expect(logged).toEqual([expect.stringMatching(/tt-smi failed.*deadline exceeded/)]);
 
     const garbled = new ScriptedCommands(() => exited(0, "garbage"));
-    await expect(detectGpus(garbled)).resolves.toEqual({ vendor: "none", gpus: [] });
+    for (const kind of ["nvidia", "amd", "intel", "tenstorrent"] as const) {
+      await expect(detectGpus(garbled, on(kind)), kind).resolves.toEqual({ vendor: "none", gpus: [] });
+    }
   });
 });
 
@@ -297,6 +388,63 @@ describe("detectGpus with a fixture", () => {
     expect(neverRun.calls).toHaveLength(0);
   });
 
+  it("describes Tenstorrent chips whose device nodes and huge pages map to host paths", async () => {
+    const path = await fixture({
+      vendor: "tenstorrent",
+      driver_version: "2.0.0",
+      hugepages_path: `${dir}/hugepages-1G`,
+      gpus: [
+        { name: "n300", vram_mib: 24576, device_node: `${dir}/tt0` },
+        { name: "n300", vram_mib: 24576, device_node: `${dir}/tt1` },
+      ],
+    });
+    expect(await detectGpus(neverRun, { fixturePath: path })).toEqual({
+      vendor: "tenstorrent",
+      gpus: [0, 1].map((i) => ({
+        vendor: "tenstorrent",
+        name: "n300",
+        vramMiB: 24576,
+        id: String(i),
+        index: i,
+        driverVersion: "2.0.0",
+      })),
+      deviceOverrides: {
+        "/dev/tenstorrent/0": `${dir}/tt0`,
+        "/dev/tenstorrent/1": `${dir}/tt1`,
+        "/dev/hugepages-1G": `${dir}/hugepages-1G`,
+      },
+    });
+    const without = await fixture({ vendor: "tenstorrent", driver_version: "", gpus: [] });
+    expect(await detectGpus(neverRun, { fixturePath: without })).toEqual({
+      vendor: "tenstorrent",
+      gpus: [],
+      deviceOverrides: {},
+    });
+  });
+
+  it("describes Gaudi cards by index, without device nodes (the habana runtime adds them)", async () => {
+    const path = await fixture({
+      vendor: "intel",
+      driver_version: "1.18.0",
+      gpus: [
+        { name: "HL-225", vram_mib: 98304 },
+        { name: "HL-225", vram_mib: 98304 },
+      ],
+    });
+    expect(await detectGpus(neverRun, { fixturePath: path })).toEqual({
+      vendor: "intel",
+      gpus: [0, 1].map((i) => ({
+        vendor: "intel",
+        name: "HL-225",
+        vramMiB: 98304,
+        id: String(i),
+        index: i,
+        driverVersion: "1.18.0",
+      })),
+    });
+    expect(neverRun.calls).toHaveLength(0);
+  });
+
   it("accepts a GPU-less fixture", async () => {
     await expect(detectGpus(neverRun, { fixturePath: await fixture({ vendor: "none" }) })).resolves.toEqual({
       vendor: "none",
@@ -307,7 +455,28 @@ describe("detectGpus with a fixture", () => {
   it.each([
     ["missing file", undefined],
     ["invalid JSON", "{"],
-    ["unknown vendor", { vendor: "intel", gpus: [] }],
+    ["unknown vendor", { vendor: "qualcomm", gpus: [] }],
+    [
+      "a Tenstorrent GPU without its node",
+      { vendor: "tenstorrent", driver_version: "", gpus: [{ name: "n300", vram_mib: 1 }] },
+    ],
+    [
+      "an Intel GPU with a node",
+      { vendor: "intel", driver_version: "", gpus: [{ name: "HL-225", vram_mib: 1, render_node: "/r" }] },
+    ],
+    [
+      "a relative hugepages path",
+      { vendor: "tenstorrent", driver_version: "", hugepages_path: "hp", gpus: [] },
+    ],
+    [
+      "a hugepages path shared with a node",
+      {
+        vendor: "tenstorrent",
+        driver_version: "",
+        hugepages_path: "/n",
+        gpus: [{ name: "n300", vram_mib: 1, device_node: "/n" }],
+      },
+    ],
     ["missing kfd_path", { vendor: "amd", driver_version: "1", gpus: [] }],
     [
       "relative node",
@@ -466,13 +635,13 @@ describe("GPU detection, word for word", () => {
 });
 
 describe("detectGpus on an AMD host, word for word", () => {
-  const amdOnly = (stdoutWithDriver: BoundedOutcome) =>
-    new ScriptedCommands((argv) => (argv[0] === "nvidia-smi" ? missing() : stdoutWithDriver));
+  const amdOnly = (stdoutWithDriver: BoundedOutcome) => new ScriptedCommands(() => stdoutWithDriver);
+  const hostRoot = (): string => roots.amd;
 
   it("logs the amd-smi call with --driver that hung, and does not retry it", async () => {
     const logs: [string, object | undefined][] = [];
     const commands = amdOnly(EXPIRED);
-    await detectGpus(commands, { log: (msg, fields) => logs.push([msg, fields]) });
+    await detectGpus(commands, { hostRoot: hostRoot(), log: (msg, fields) => logs.push([msg, fields]) });
     expect(logs).toEqual([
       [
         "GPU detection with amd-smi failed; assuming no GPUs from it",
@@ -488,6 +657,7 @@ describe("detectGpus on an AMD host, word for word", () => {
       "0000:22:00.0": "/dev/dri/renderD136x",
     };
     const inventory = await detectGpus(amdOnly(exited(0, AMD_SMI_ROCM6)), {
+      hostRoot: hostRoot(),
       resolveRenderNode: (bdf) => Promise.resolve(nodes[bdf] ?? ""),
       log: (msg, fields) => logs.push([msg, fields]),
     });
@@ -505,6 +675,7 @@ describe("detectGpus on an AMD host, word for word", () => {
 
     logs.length = 0;
     await detectGpus(amdOnly(exited(0, AMD_SMI_ROCM6)), {
+      hostRoot: hostRoot(),
       resolveRenderNode: (bdf) => Promise.reject(new Error(`no node for ${bdf}`)),
       log: (msg, fields) => logs.push([msg, fields]),
     });
@@ -516,7 +687,10 @@ describe("detectGpus on an AMD host, word for word", () => {
 
   it("resolves render nodes through /dev/dri/by-path by default", async () => {
     const logs: { bdf?: string; error?: string }[] = [];
-    await detectGpus(amdOnly(exited(0, AMD_SMI_ROCM6)), { log: (_msg, fields) => logs.push(fields ?? {}) });
+    await detectGpus(amdOnly(exited(0, AMD_SMI_ROCM6)), {
+      hostRoot: hostRoot(),
+      log: (_msg, fields) => logs.push(fields ?? {}),
+    });
     // This machine has no AMD GPU: the lookup fails on the by-path link it names.
     expect(logs[0]?.bdf).toBe("0000:0c:00.0");
     expect(logs[0]?.error).toContain("'/dev/dri/by-path/pci-0000:0c:00.0-render'");
@@ -566,9 +740,9 @@ describe("GPU fixture validation, word for word", () => {
 
   it("names a missing or unknown vendor, whatever the JSON value", async () => {
     const path = join(dir, "gpus.json");
-    for (const content of ["null", "5", '"amd"', '{"vendor":"intel"}', "[]"]) {
+    for (const content of ["null", "5", '"amd"', '{"vendor":"habana"}', "[]"]) {
       expect((await rejection(content)).message, content).toBe(
-        `invalid GPU fixture ${path}: vendor must be "amd" or "none"`,
+        `invalid GPU fixture ${path}: vendor must be one of "amd", "tenstorrent", "intel", "none"`,
       );
     }
   });
@@ -576,6 +750,17 @@ describe("GPU fixture validation, word for word", () => {
   it("names shared host nodes", async () => {
     expect((await rejection(amd([node(1), node(1)]))).message).toBe(
       `invalid GPU fixture ${join(dir, "gpus.json")}: kfd_path and render nodes must be distinct`,
+    );
+    const tenstorrent = {
+      vendor: "tenstorrent",
+      driver_version: "",
+      gpus: [
+        { name: "n150", vram_mib: 1, device_node: "/n" },
+        { name: "n150", vram_mib: 1, device_node: "/n" },
+      ],
+    };
+    expect((await rejection(tenstorrent)).message).toBe(
+      `invalid GPU fixture ${join(dir, "gpus.json")}: device nodes and hugepages_path must be distinct`,
     );
   });
 

@@ -1,169 +1,79 @@
-import { readFile, realpath } from "node:fs/promises";
-import Type from "typebox";
-import Value from "typebox/value";
+/*
+ * GPU detection at startup: the vendor from the host's device paths (`gpu-vendor.ts`), then the
+ * GPUs from that vendor's tool, as dstack-shim reads them (`GetGpuInfo` in
+ * runner/internal/shim/host/gpu.go): `nvidia-smi` and `amd-smi` here, `hl-smi`
+ * (`gaudi-smi.ts`) and `tt-smi` (`tenstorrent-smi.ts`) in their own modules.
+ */
+import { realpath } from "node:fs/promises";
 import { OperationBound } from "../exec/operation-bound.js";
-import {
-  CommandFailedError,
-  CommandLaunchError,
-  runChecked,
-  type CommandRunner,
-} from "../exec/run-bounded.js";
+import { CommandFailedError, runChecked, type CommandRunner } from "../exec/run-bounded.js";
 import { errorMessage } from "../errors/error-message.js";
+import { detectGaudi } from "./gaudi-smi.js";
+import { loadGpuFixture } from "./gpu-fixture.js";
+import {
+  GpuDetectionError,
+  normalizeDriverVersion,
+  type AcceleratorVendor,
+  type GpuInfo,
+  type GpuInventory,
+} from "./gpu-model.js";
+import { detectGpuVendor } from "./gpu-vendor.js";
+import { detectTenstorrent } from "./tenstorrent-smi.js";
 
-/** The GPU vendor of a host; one vendor per host, as dstack-shim assumes. */
-export type GpuVendor = "nvidia" | "amd" | "none";
-
-/** One detected GPU. */
-export interface GpuInfo {
-  readonly vendor: Exclude<GpuVendor, "none">;
-  readonly name: string;
-  readonly vramMiB: number;
-  /** The resource id: the NVIDIA uuid (`GPU-…`) or the AMD render node path (`/dev/dri/renderD128`). */
-  readonly id: string;
-  readonly index: number;
-  /** The host driver version, `""` when unknown. */
-  readonly driverVersion: string;
-}
-
-/** What a host has, detected once at startup. */
-export interface GpuInventory {
-  readonly vendor: GpuVendor;
-  readonly gpus: readonly GpuInfo[];
-  /** host device nodes to substitute (fixture only): standard device path → node on the host */
-  readonly deviceOverrides?: Readonly<Record<string, string>>;
-}
+export {
+  AMD_KFD_PATH,
+  GpuDetectionError,
+  GpuFixtureError,
+  HUGEPAGES_1G_PATH,
+  TENSTORRENT_DEVICE_DIR,
+  type AcceleratorVendor,
+  type GpuInfo,
+  type GpuInventory,
+  type GpuVendor,
+} from "./gpu-model.js";
+export { loadGpuFixture } from "./gpu-fixture.js";
 
 /** Options of {@link detectGpus}. */
 export interface DetectGpusOptions {
   /** Read the inventory from this JSON fixture instead of probing the host (see {@link loadGpuFixture}). */
   readonly fixturePath?: string;
+  /**
+   * The file system root the device paths (and Tenstorrent's driver version) are read under:
+   * `/`, or a fake tree in tests.
+   */
+  readonly hostRoot?: string;
   /** Maps a PCI BDF to its render node; defaults to resolving `/dev/dri/by-path/pci-<bdf>-render`. */
   readonly resolveRenderNode?: (bdf: string) => Promise<string>;
-  /** Receives failures of installed tools and GPUs that were found but skipped. */
+  /** Receives failures of installed tools, missing tools, and GPUs that were found but skipped. */
   readonly log?: (msg: string, fields?: object) => void;
   /**
    * Whether a vendor tool is installed; one that is not is not run (the shim passes a PATH
-   * lookup, `exec/on-path.ts`). Absent: every tool is run, and a launch failure means "not
+   * lookup, `exec/on-path.ts`). Absent: the tool is run, and a launch failure means "not
    * installed".
    */
   readonly installed?: (tool: string) => Promise<boolean>;
 }
 
-/** The GPU fixture file is unreadable or invalid. */
-export class GpuFixtureError extends Error {
-  override readonly name = "GpuFixtureError";
-}
-
-/** A vendor tool printed something we cannot read. */
-export class GpuDetectionError extends Error {
-  override readonly name = "GpuDetectionError";
-}
-
-/**
- * The AMD kernel driver node (ROCm needs it besides the render nodes); a fixture substitutes a host
- * node for it in `deviceOverrides`.
- */
-export const AMD_KFD_PATH = "/dev/kfd";
+/** The tool each vendor's GPUs are listed with. */
+export const VENDOR_TOOLS: Readonly<Record<AcceleratorVendor, string>> = {
+  nvidia: "nvidia-smi",
+  amd: "amd-smi",
+  intel: "hl-smi",
+  tenstorrent: "tt-smi",
+};
 
 const NVIDIA_SMI_DEADLINE_MS = 10_000;
 const AMD_SMI_DEADLINE_MS = 60_000;
 const RENDER_NODE_PATTERN = /^\/dev\/dri\/renderD\d+$/;
-const FIRST_RENDER_MINOR = 128;
-const MAX_FIXTURE_GPUS = 64;
-
-const HostPath = Type.String({ pattern: "^/[^\\u0000]*$", maxLength: 4096 });
-const AmdFixtureSchema = Type.Object(
-  {
-    vendor: Type.Literal("amd"),
-    driver_version: Type.String({ maxLength: 256 }),
-    kfd_path: HostPath,
-    gpus: Type.Array(
-      Type.Object(
-        {
-          name: Type.String({ minLength: 1, maxLength: 256 }),
-          vram_mib: Type.Integer({ minimum: 0 }),
-          render_node: HostPath,
-        },
-        { additionalProperties: false },
-      ),
-      { maxItems: MAX_FIXTURE_GPUS },
-    ),
-  },
-  { additionalProperties: false },
-);
-const NoneFixtureSchema = Type.Object({ vendor: Type.Literal("none") }, { additionalProperties: false });
+const NO_GPUS: GpuInventory = { vendor: "none", gpus: [] };
 
 /**
- * Reads a GPU fixture: a JSON file that stands in for the host's GPUs, so the GPU path can be
- * tested end to end on a machine without any. Two forms:
- *
- * ```json
- * {"vendor":"amd","driver_version":"6.8.5","kfd_path":"/tmp/x/kfd",
- *  "gpus":[{"name":"MI300X","vram_mib":196608,"render_node":"/tmp/x/renderD128"}]}
- * {"vendor":"none"}
- * ```
- *
- * AMD GPU `i` gets the id `/dev/dri/renderD<128+i>` and index `i`. `kfd_path` and each
- * `render_node` are host device nodes (any char device, e.g. `mknod … c 1 3`) that the container
- * sees at `/dev/kfd` and at the GPU's id: they are returned in `deviceOverrides`. Paths must be
- * absolute and distinct; unknown keys are rejected.
- *
- * @throws GpuFixtureError when the file cannot be read, is not JSON, or does not match.
- */
-export async function loadGpuFixture(path: string): Promise<GpuInventory> {
-  let raw: unknown;
-  try {
-    raw = JSON.parse(await readFile(path, "utf8"));
-  } catch (error) {
-    throw new GpuFixtureError(`cannot read GPU fixture ${path}: ${errorMessage(error)}`, {
-      cause: error,
-    });
-  }
-  // Stryker disable next-line ConditionalExpression: read on a JSON number, string or boolean, .vendor is undefined as well
-  const vendor = typeof raw === "object" && raw !== null ? (raw as { vendor?: unknown }).vendor : undefined;
-  if (vendor === "none") {
-    checkFixture(path, NoneFixtureSchema, raw);
-    return { vendor: "none", gpus: [] };
-  }
-  if (vendor !== "amd") {
-    throw new GpuFixtureError(`invalid GPU fixture ${path}: vendor must be "amd" or "none"`);
-  }
-  const fixture = checkFixture(path, AmdFixtureSchema, raw);
-  const gpus = fixture.gpus.map((gpu, index): GpuInfo => ({
-    vendor: "amd",
-    name: gpu.name,
-    vramMiB: gpu.vram_mib,
-    id: `/dev/dri/renderD${FIRST_RENDER_MINOR + index}`,
-    index,
-    driverVersion: fixture.driver_version,
-  }));
-  const overrides: Record<string, string> = { [AMD_KFD_PATH]: fixture.kfd_path };
-  fixture.gpus.forEach((gpu, index) => {
-    const id = gpus[index]?.id;
-    if (id !== undefined) overrides[id] = gpu.render_node;
-  });
-  const hostNodes = Object.values(overrides);
-  if (new Set(hostNodes).size !== hostNodes.length) {
-    throw new GpuFixtureError(`invalid GPU fixture ${path}: kfd_path and render nodes must be distinct`);
-  }
-  return { vendor: "amd", gpus, deviceOverrides: overrides };
-}
-
-function checkFixture<T extends Type.TSchema>(path: string, schema: T, raw: unknown): Type.Static<T> {
-  if (Value.Check(schema, raw)) return raw;
-  const problems = [...Value.Errors(schema, raw)]
-    .slice(0, 5)
-    .map((e) => `${e.instancePath || "/"} ${e.message}`)
-    .join("; ");
-  throw new GpuFixtureError(`invalid GPU fixture ${path}: ${problems}`);
-}
-
-/**
- * Detects the host's GPUs, once, at startup. With a fixture, reads it instead. Otherwise asks
- * `nvidia-smi`, then `amd-smi`; a tool that is not installed means "not this vendor", and a host
- * where neither finds a GPU has vendor `none`. A tool that is installed but fails, hangs past its
- * deadline or prints something unreadable is logged and counts as no GPUs, as in dstack-shim:
- * the shim must start anyway.
+ * Detects the host's GPUs, once, at startup. With a fixture, reads it instead. Otherwise the
+ * vendor comes from the device paths (`detectGpuVendor`: `/dev/nvidiactl` or WSL2's `/dev/dxg`,
+ * `/dev/tenstorrent`, `/dev/kfd`, `/dev/accel`, in that order), and only that vendor's tool is
+ * run: a host without any of those paths runs no tool at all. A tool that is not installed, fails,
+ * hangs past its deadline or prints something unreadable is logged and counts as no GPUs, as in
+ * dstack-shim: the shim must start anyway.
  *
  * @throws GpuFixtureError for a bad fixture (a test setup error, so it fails loudly).
  */
@@ -172,17 +82,40 @@ export async function detectGpus(
   options: DetectGpusOptions = {},
 ): Promise<GpuInventory> {
   if (options.fixturePath !== undefined) return loadGpuFixture(options.fixturePath);
-  const installed = options.installed ?? (() => Promise.resolve(true));
-  // Both looked up at once: on most hosts neither is installed and nothing else is needed.
-  const [hasNvidia, hasAmd] = await Promise.all([installed("nvidia-smi"), installed("amd-smi")]);
-  const nvidia = hasNvidia ? await probe("nvidia-smi", () => detectNvidia(commands), options.log) : [];
-  if (nvidia.length > 0) return { vendor: "nvidia", gpus: nvidia };
-  const resolve = options.resolveRenderNode ?? resolveRenderNodeByPath;
-  const amd = hasAmd
-    ? await probe("amd-smi", () => detectAmd(commands, resolve, options.log), options.log)
-    : [];
-  if (amd.length > 0) return { vendor: "amd", gpus: amd };
-  return { vendor: "none", gpus: [] };
+  const { log } = options;
+  const vendor = await detectGpuVendor({
+    ...(options.hostRoot !== undefined ? { root: options.hostRoot } : {}),
+    ...(log !== undefined ? { log } : {}),
+  });
+  if (vendor === "none") return NO_GPUS;
+  const tool = VENDOR_TOOLS[vendor];
+  if (options.installed !== undefined && !(await options.installed(tool))) {
+    // The device says which vendor this is: a missing tool is a setup problem worth a line.
+    log?.(`${vendor} devices found but ${tool} is not installed; assuming no GPUs`, { vendor, tool });
+    return NO_GPUS;
+  }
+  const gpus = await probe(tool, () => listGpus(commands, vendor, options), log);
+  return gpus.length > 0 ? { vendor, gpus } : NO_GPUS;
+}
+
+function listGpus(
+  commands: CommandRunner,
+  vendor: AcceleratorVendor,
+  options: DetectGpusOptions,
+): Promise<GpuInfo[]> {
+  switch (vendor) {
+    case "nvidia":
+      return detectNvidia(commands);
+    case "amd":
+      return detectAmd(commands, options.resolveRenderNode ?? resolveRenderNodeByPath, options.log);
+    case "intel":
+      return detectGaudi(commands);
+    case "tenstorrent":
+      return detectTenstorrent(commands, {
+        ...(options.hostRoot !== undefined ? { root: options.hostRoot } : {}),
+        ...(options.log !== undefined ? { log: options.log } : {}),
+      });
+  }
 }
 
 async function probe(
@@ -193,11 +126,10 @@ async function probe(
   try {
     return await detect();
   } catch (error) {
-    if (!(error instanceof CommandLaunchError)) {
-      log?.(`GPU detection with ${tool} failed; assuming no GPUs from it`, {
-        error: errorMessage(error),
-      });
-    }
+    // The device paths named this vendor, so even a tool that cannot be started is worth a line.
+    log?.(`GPU detection with ${tool} failed; assuming no GPUs from it`, {
+      error: errorMessage(error),
+    });
     return [];
   }
 }
@@ -253,13 +185,6 @@ async function detectAmd(
 
 async function resolveRenderNodeByPath(bdf: string): Promise<string> {
   return realpath(`/dev/dri/by-path/pci-${bdf}-render`);
-}
-
-/** SMI tools print these when a field is unavailable. */
-function normalizeDriverVersion(value: string): string {
-  const trimmed = value.trim();
-  const placeholders = ["N/A", "[N/A]", "UNKNOWN", "[UNKNOWN]", "[NOT SUPPORTED]", "[NOT AVAILABLE]"];
-  return placeholders.includes(trimmed.toUpperCase()) ? "" : trimmed;
 }
 
 /**

@@ -43,6 +43,8 @@ export interface FakeContainer {
   logs: string[];
   ports: PortMapping[];
   hostConfig: ContainerDetails["hostConfig"];
+  /** Its environment as created (`NAME=value`). */
+  env: string[];
   mounts: ContainerMount[];
   image: string;
   startedAt: string;
@@ -145,6 +147,7 @@ export class FakeDockerClient implements DockerClient {
     readonly oomKilled?: boolean;
     readonly logs?: readonly string[];
     readonly hostConfig?: ContainerDetails["hostConfig"];
+    readonly env?: readonly string[];
     readonly labels?: Record<string, string>;
     readonly ports?: PortMapping[];
     readonly mounts?: ContainerMount[];
@@ -163,6 +166,7 @@ export class FakeDockerClient implements DockerClient {
       logs: [...(options.logs ?? [])],
       ports: options.ports ?? [],
       hostConfig: options.hostConfig ?? {},
+      env: [...(options.env ?? [])],
       mounts: options.mounts ?? [],
       image: "busybox:1.36",
       startedAt: new Date().toISOString(),
@@ -318,6 +322,7 @@ export class FakeDockerClient implements DockerClient {
         ports: [...c.ports],
         mounts: [...c.mounts],
         hostConfig: c.hostConfig,
+        env: [...c.env],
       };
     });
   }
@@ -337,6 +342,7 @@ export class FakeDockerClient implements DockerClient {
         state: "created",
         labels: { ...((body.Labels ?? {}) as Record<string, string>) },
         hostConfig,
+        env: Array.isArray(body.Env) ? (body.Env as string[]) : [],
       });
       container.image = typeof body.Image === "string" ? body.Image : "";
       return container.id;
