@@ -9,6 +9,7 @@ import type { Task } from "../tasks/task.js";
 import { failpoint } from "./failpoints.js";
 import { findOwnContainer } from "./own-container.js";
 import { LAST_LOG_LINES, type RunnerContext } from "./runner-context.js";
+import { DisplayRetryError, needsDisplayRetry, noteDisplayRetry } from "./nvidia-display-retry.js";
 import { checkStillWanted, StartStepError } from "./start-errors.js";
 import type { TaskCommits } from "./task-commits.js";
 
@@ -34,9 +35,8 @@ export async function createAndStart(ctx: RunnerContext, commits: TaskCommits, i
     // Never the time `running` is committed: a slow write puts that after an instant exit.
     let startedAt = needsStart ? undefined : engineTime(existing?.startedAt);
     if (containerId === "") {
-      const spec = containerSpec(ctx, task);
       try {
-        containerId = await docker.createContainer(spec);
+        containerId = await createContainer(ctx, task);
         await failpoint("after-create-before-persist");
       } catch (cause) {
         // A create that timed out may still have happened: adopt rather than duplicate.
@@ -60,7 +60,15 @@ export async function createAndStart(ctx: RunnerContext, commits: TaskCommits, i
     task = store.modify(id, (d) => (d.containerId = containerId));
     try {
       if (needsStart) {
-        await docker.startContainer(containerId);
+        try {
+          await docker.startContainer(containerId);
+        } catch (cause) {
+          if (!needsDisplayRetry(ctx, task, cause)) throw cause;
+          noteDisplayRetry(ctx, task, cause);
+          containerId = await replaceWithoutDisplay(ctx, task, containerId);
+          task = store.modify(id, (d) => (d.containerId = containerId));
+          await docker.startContainer(containerId);
+        }
         startedAt = Date.now();
       }
     } catch (cause) {
@@ -91,9 +99,56 @@ export async function createAndStart(ctx: RunnerContext, commits: TaskCommits, i
   });
 }
 
-/** The container a task runs in: its config with the image reference in its pull form. */
-function containerSpec(ctx: RunnerContext, task: Task): ContainerCreateSpec {
-  const gpu = task.gpuIds.length > 0 ? gpuContainerConfig(ctx.inventory, task.gpuIds) : undefined;
+/**
+ * Creates the task's container; a create the engine refuses for want of `/dev/nvidia-modeset` is
+ * made again, once, without NVIDIA's display capability (`nvidia-display-retry.ts`).
+ */
+async function createContainer(ctx: RunnerContext, task: Task): Promise<string> {
+  try {
+    return await ctx.docker.createContainer(containerSpec(ctx, task, true));
+  } catch (cause) {
+    if (!needsDisplayRetry(ctx, task, cause)) throw cause;
+    noteDisplayRetry(ctx, task, cause);
+    return ctx.docker.createContainer(containerSpec(ctx, task, false));
+  }
+}
+
+/**
+ * The start failed for want of `/dev/nvidia-modeset` (nvidia-container-cli mounts it at start):
+ * the container is removed, confirmed, and made again without NVIDIA's display capability, as
+ * dstack-shim does. Returns the new container's id.
+ *
+ * @throws DisplayRetryError when the removal or the new create fails (its cause says why).
+ */
+async function replaceWithoutDisplay(ctx: RunnerContext, task: Task, containerId: string): Promise<string> {
+  try {
+    await ctx.docker.removeContainer(containerId);
+  } catch (cause) {
+    throw new DisplayRetryError(`remove container before retry: ${errorMessage(cause)}`, { cause });
+  }
+  // Until the new one exists the task names no container: a release then has nothing to stop.
+  ctx.store.modify(task.id, (d) => {
+    delete d.containerId;
+  });
+  try {
+    return await ctx.docker.createContainer(containerSpec(ctx, task, false));
+  } catch (cause) {
+    throw new DisplayRetryError(
+      `create container without NVIDIA display capability: ${errorMessage(cause)}`,
+      {
+        cause,
+      },
+    );
+  }
+}
+
+/**
+ * The container a task runs in: its config with the image reference in its pull form, and
+ * NVIDIA's display capability unless `nvidiaDisplay` is false.
+ */
+function containerSpec(ctx: RunnerContext, task: Task, nvidiaDisplay: boolean): ContainerCreateSpec {
+  const gpu =
+    task.gpuIds.length > 0 ? gpuContainerConfig(ctx.inventory, task.gpuIds, { nvidiaDisplay }) : undefined;
   return buildContainerSpec({
     config: { ...task.config, image_name: formatPullReference(parseImageReference(task.config.image_name)) },
     containerName: task.containerName,
