@@ -138,7 +138,9 @@ export async function restoreTasks(ctx: RunnerContext): Promise<RestoreReport> {
       );
     }
     const cleanedUp = stored?.state.cleaned_up ?? false;
-    const claimedGpus = cleanedUp ? [] : gpuIdsFromContainer(ctx.inventory, inspect?.hostConfig ?? undefined);
+    const claimedGpus = cleanedUp
+      ? []
+      : gpuIdsFromContainer(ctx.inventory, inspect?.hostConfig ?? undefined, inspect?.env);
     const ownedGpus = gpuLock.lock(claimedGpus);
     for (const gpu of ownedGpus) gpuHolders.set(gpu, taskId);
     // Two containers that claim one GPU (made outside this shim): the first keeps it, this one is
