@@ -1,5 +1,6 @@
 import { collectDefaultMetrics, Counter, Gauge, Histogram, Registry } from "prom-client";
 import type { EngineInfo } from "../docker/engine-info.js";
+import type { GpuInventory } from "../host/gpu-inventory.js";
 import { SHIM_PHASES, type ShimPhase } from "../lifecycle/shim-lifecycle.js";
 import type { RunnerObserver } from "../runner/runner-context.js";
 import type { TaskStore } from "../tasks/task-store.js";
@@ -118,6 +119,13 @@ export class ShimMetrics {
     labelNames: ["phase"] as const,
     registers: [this.registry],
   });
+  /** The accelerators detected at start; no series until then. */
+  readonly gpus = new Gauge({
+    name: "taskshim_gpus",
+    help: "GPUs detected at start, labelled with their vendor (nvidia, amd, intel, tenstorrent; none without any)",
+    labelNames: ["vendor"] as const,
+    registers: [this.registry],
+  });
   readonly engineUp = new Gauge({
     name: "taskshim_engine_up",
     help: "1 when the Docker Engine answered the last reconcile tick",
@@ -186,6 +194,12 @@ export class ShimMetrics {
   setEngine(info: EngineInfo): void {
     this.engineInfo.reset();
     this.engineInfo.set({ engine: info.kind, version: info.version }, 1);
+  }
+
+  /** GPUs were detected: one `taskshim_gpus` series, labelled with the vendor. */
+  setGpus(inventory: GpuInventory): void {
+    this.gpus.reset();
+    this.gpus.set({ vendor: inventory.vendor }, inventory.gpus.length);
   }
 
   /** The shim entered `current`: every phase is exported, so a scrape sees the move as 1 → 0. */

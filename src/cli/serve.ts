@@ -287,6 +287,7 @@ export async function startShim(
     // failed start has released its lock.
     await unlessInterrupted(Promise.allSettled(steps), interrupted);
     const [{ gpus: inventory, fingerprint }, homeId, bootId] = await Promise.all(steps);
+    metrics.setGpus(inventory);
     const binding = await checkEngineBinding({
       home: config.home,
       homeId,
@@ -460,6 +461,7 @@ export async function startShim(
         node: process.version,
         tasks: report.restored,
         gpus: inventory.gpus.length,
+        gpuVendor: inventory.vendor,
         homeId,
         mallocTrim: malloc !== undefined,
       },
