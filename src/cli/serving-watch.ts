@@ -32,6 +32,7 @@ export function whenServing(
       resolve();
     };
     const onMessage = (message: unknown): void => {
+      if (signal.aborted) return;
       if (typeof message === "object" && message !== null && "taskshim" in message) {
         if (message.taskshim === "serving") finish();
       }
@@ -41,7 +42,8 @@ export function whenServing(
     if (address === undefined) return;
     void (async () => {
       while (!done && !signal.aborted) {
-        if (await healthy(address)) finish();
+        // A request in flight when the watch ended may be answered by the next shim: not this one's.
+        if ((await healthy(address)) && !signal.aborted) finish();
         else await sleep(POLL_MS, undefined, { signal }).catch(() => undefined);
       }
     })();

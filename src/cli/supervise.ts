@@ -170,7 +170,8 @@ export async function supervise(options: SuperviseOptions): Promise<number> {
           [ARENA_ENV]: String(MALLOC_ARENAS),
           ...env,
           [HANDOFF_ENV]: "1",
-          ...(rollback ? { [ROLLBACK_ENV]: JSON.stringify(rollback) } : {}),
+          // The binary put back is told (its healthcheck says so); a new binary on trial is not.
+          ...(rollback && standing.kind === "proven" ? { [ROLLBACK_ENV]: JSON.stringify(rollback) } : {}),
         },
       });
       relay.attach(child);
@@ -185,7 +186,10 @@ export async function supervise(options: SuperviseOptions): Promise<number> {
         address: options.address,
         onServing: async () => {
           guard?.serving();
-          if (standing.kind === "trial") note("new binary serves", { binary: options.binary });
+          if (standing.kind === "trial") {
+            rollback = undefined;
+            note("new binary serves", { binary: options.binary });
+          }
           await previous.keep(standing.identity).then(
             (kept) => {
               if (kept === "kept") note("kept the binary that serves to go back to", { path: previous.path });
@@ -229,7 +233,6 @@ export async function supervise(options: SuperviseOptions): Promise<number> {
           why: restored,
         });
       }
-      if (end.kind === "exited" && end.served && standing.kind === "trial") rollback = undefined;
       if (exit.code === EXIT_CONFIG) {
         note("shim refused its configuration; not restarting (fix it, then start again)", how);
         return EXIT_CONFIG;
