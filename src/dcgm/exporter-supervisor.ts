@@ -9,6 +9,7 @@ import { ExporterUnavailableError, MetricsFetchError, type TaskMetricsSource } f
 import {
   describeCleanupFailure,
   killStaleExporters,
+  liveMembers,
   removeExporterRecord,
   writeExporterRecord,
   type ProcessTable,
@@ -62,20 +63,25 @@ export const EXPORTER_TIMINGS: ExporterTimings = {
 export const EXPOSITION_CAP_BYTES = 32 * 1024 * 1024;
 
 /**
- * The wrapper: runs the exporter ("$@") in the background with stdin closed, and SIGTERMs it when
- * its own stdin (a pipe from the shim) ends, which is when the shim exits or dies. It exits with
- * the exporter's status; the watcher subshell is ended with it. fd 3 keeps the pipe: an
- * asynchronous list's stdin is /dev/null in a non-interactive sh.
+ * The wrapper: runs the exporter ("$@") in the background, and SIGTERMs it when its own stdin (a
+ * pipe from the shim) ends, which is when the shim exits or dies, or when the wrapper itself gets
+ * SIGTERM (the stop). It waits until the exporter has really exited (a trapped signal interrupts
+ * `wait`), so the exporter stays its child and is reaped, and exits with its status. fd 3 keeps the
+ * pipe: an asynchronous list's stdin is /dev/null in a non-interactive sh.
  */
 export const EXPORTER_WRAPPER = [
   "exec 3<&0",
   '"$@" 3<&- </dev/null &',
   "child=$!",
+  `trap 'kill -TERM "$child" 2>/dev/null' TERM INT HUP`,
   '( read -r _ <&3; kill -TERM "$child" 2>/dev/null ) &',
   "watcher=$!",
   "exec 3<&-",
-  'wait "$child"',
-  "status=$?",
+  "status=0",
+  "while :; do",
+  '  wait "$child"; status=$?',
+  '  kill -0 "$child" 2>/dev/null || break',
+  "done",
   'kill "$watcher" 2>/dev/null',
   'exit "$status"',
 ].join("\n");
@@ -346,11 +352,17 @@ export class ExporterSupervisor implements TaskMetricsSource {
   }
 
   /**
-   * SIGTERM to the group (wrapper and exporter), SIGKILL to what is left of it after the grace;
-   * resolves once the group is empty. The wrapper dies at once; the exporter may take its time.
+   * SIGTERM to the wrapper (it passes it to the exporter and waits for it), SIGKILL to what is
+   * left of the group after the grace; resolves once no live process of the group is left.
    */
   private async stop(running: Running): Promise<void> {
-    signalGroup(running.pid, "SIGTERM");
+    if (running.child.exitCode === null && running.child.signalCode === null) {
+      try {
+        process.kill(running.pid, "SIGTERM");
+      } catch {
+        // Already gone.
+      }
+    }
     if (!(await groupGone(running.pid, this.timings.stopGraceMs))) {
       this.options.log("warn", { pid: running.pid }, "DCGM Exporter ignored SIGTERM; killing it");
       signalGroup(running.pid, "SIGKILL");
@@ -407,12 +419,15 @@ function signalGroup(pgid: number, signal: NodeJS.Signals | 0): boolean {
   }
 }
 
-/** Waits until no process of the group is left (the wrapper reaped, the exporter gone), up to `ms`. */
+/**
+ * Waits until no live process of the group is left, up to `ms`. A zombie is not live: one whose
+ * parent died is reparented, and an init that does not reap (a container's) would keep it forever.
+ */
 async function groupGone(pgid: number, ms: number): Promise<boolean> {
   const deadline = performance.now() + ms;
-  while (signalGroup(pgid, 0)) {
+  while (signalGroup(pgid, 0) && (await liveMembers(pgid)).length > 0) {
     if (performance.now() >= deadline) return false;
-    await sleep(25);
+    await sleep(50);
   }
   return true;
 }

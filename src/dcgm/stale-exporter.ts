@@ -36,15 +36,17 @@ export interface ProcEntry {
   readonly pid: number;
   readonly pgid: number;
   readonly argv: readonly string[];
+  /** Exited, not yet reaped: nothing left to stop. */
+  readonly zombie: boolean;
 }
 
 /** How the cleanup reads processes and signals them (the real /proc and kill in production). */
 export interface ProcessTable {
   list(): Promise<ProcEntry[]>;
-  /** Sends `signal` to a process group; false when it has no member left. */
-  killGroup(pgid: number, signal: NodeJS.Signals | 0): boolean;
   /** Sends `signal` to one process; false when it is gone. */
-  kill(pid: number, signal: NodeJS.Signals | 0): boolean;
+  kill(pid: number, signal: NodeJS.Signals): boolean;
+  /** Whether the process still runs (a zombie does not). */
+  alive(pid: number): Promise<boolean>;
 }
 
 function signalled(target: number, signal: NodeJS.Signals | 0): boolean {
@@ -75,16 +77,28 @@ export const PROC_TABLE: ProcessTable = {
           .toString("utf8")
           .split("\0")
           .filter((arg) => arg !== "");
-        entries.push({ pid: Number(name), pgid, argv });
+        entries.push({ pid: Number(name), pgid, argv, zombie: fields[0] === "Z" });
       } catch {
         // Gone between the listing and the read, or a kernel thread: nothing to match.
       }
     }
     return entries;
   },
-  killGroup: (pgid, signal) => signalled(-pgid, signal),
   kill: (pid, signal) => signalled(pid, signal),
+  alive: async (pid) => {
+    try {
+      const stat = await readFile(`/proc/${pid}/stat`, "utf8");
+      return stat.slice(stat.lastIndexOf(")") + 2, stat.lastIndexOf(")") + 3) !== "Z";
+    } catch {
+      return false;
+    }
+  },
 };
+
+/** The live (not zombie) processes of a process group. */
+export async function liveMembers(pgid: number, table: ProcessTable = PROC_TABLE): Promise<number[]> {
+  return (await table.list()).filter((p) => p.pgid === pgid && !p.zombie).map((p) => p.pid);
+}
 
 /** Whether `argv` starts DCGM Exporter (`name` directly, or a script of that name under an interpreter) on `localhost:<port>`. */
 export function isExporterOnPort(argv: readonly string[], name: string, port: number): boolean {
@@ -150,7 +164,7 @@ export async function killStaleExporters(options: {
   const processes = await table.list();
   const self = process.pid;
   const matches = processes.filter((p) => {
-    if (p.pid === self) return false;
+    if (p.pid === self || p.zombie) return false;
     if (isExporterOnPort(p.argv, name, options.port)) return true;
     // The recorded wrapper's group: its sh and its exporter, as long as they still look like them.
     return (
@@ -163,14 +177,17 @@ export async function killStaleExporters(options: {
   for (const p of matches) table.kill(p.pid, "SIGTERM");
   let forced = false;
   const deadline = performance.now() + options.graceMs;
-  const alive = () => matches.filter((p) => table.kill(p.pid, 0));
-  while (alive().length > 0 && performance.now() < deadline) await sleep(50);
-  const left = alive();
+  const alive = async (): Promise<ProcEntry[]> => {
+    const live = await Promise.all(matches.map((p) => table.alive(p.pid)));
+    return matches.filter((_, i) => live[i]);
+  };
+  while ((await alive()).length > 0 && performance.now() < deadline) await sleep(50);
+  const left = await alive();
   if (left.length > 0) {
     forced = true;
     for (const p of left) table.kill(p.pid, "SIGKILL");
     const killDeadline = performance.now() + 1_000;
-    while (alive().length > 0 && performance.now() < killDeadline) await sleep(20);
+    while ((await alive()).length > 0 && performance.now() < killDeadline) await sleep(20);
   }
   await removeExporterRecord(options.home).catch(() => undefined);
   return { killed: matches, forced };
