@@ -325,10 +325,15 @@ async function sortScanned(ctx: RunnerContext, scanned: readonly ScannedTaskDir[
   };
   for (const entry of scanned) {
     if (entry.narrowedFrom !== undefined) {
-      log.warn(
-        { dir: entry.dir, mode: `0${entry.narrowedFrom.toString(8)}` },
-        "task dir was wider than 0700; narrowed to 0700",
-      );
+      const mode = `0${entry.narrowedFrom.toString(8)}`;
+      if (entry.narrowError === undefined) {
+        log.warn({ dir: entry.dir, mode }, "task dir was wider than 0700; narrowed to 0700");
+      } else {
+        log.error(
+          { dir: entry.dir, mode, error: entry.narrowError },
+          "task dir is wider than 0700 and could not be narrowed",
+        );
+      }
     }
     if (entry.kind === "no-state") continue;
     if (entry.kind === "unsafe") {

@@ -1,4 +1,4 @@
-import { mkdir, mkdtemp, readdir, readFile, rm, writeFile } from "node:fs/promises";
+import { chmod, mkdir, mkdtemp, readdir, readFile, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
@@ -181,5 +181,31 @@ describe("task dirs", () => {
     expect(await dirs.sweepLeftovers(new Set())).toEqual([dir]);
     const removed = lastIndex((e) => e.op === "rm" && e.path === dir);
     expect(dirSyncedAfter(fsJournal, removed, dirs.root)).toBe(true);
+  });
+
+  it("S15 a quarantine whose move fails leaves the file and no note, and claims nothing", async () => {
+    const dirs = new TaskDirs(root);
+    const dir = await dirs.make("job-1");
+    await writeFile(join(dir, TASK_STATE_FILE), "not json");
+    failNextFsCall("rename", join(dir, TASK_STATE_FILE), "EXDEV");
+    await expect(dirs.quarantine(dir, "task state is not valid JSON")).rejects.toThrow(
+      /cannot move .* to .*quarantine: cannot move it: EXDEV/,
+    );
+    expect(await readFile(join(dir, TASK_STATE_FILE), "utf8")).toBe("not json");
+    expect(await readdir(join(root, "quarantine"))).toEqual([]);
+  });
+
+  it("S12 a wide task dir the home will not let be narrowed (read-only): the scan goes on and says why", async () => {
+    const dirs = new TaskDirs(root);
+    const dir = await dirs.make("job-1");
+    await writeTaskState(
+      dir,
+      { ...newTask(taskConfig({ id: "t-1", name: "job" }).config), taskDir: dir },
+      "boot",
+    );
+    await chmod(dir, 0o755);
+    failNextFsCall("chmod", dir, "EROFS");
+    const [entry] = await dirs.scan();
+    expect(entry).toMatchObject({ kind: "state", narrowedFrom: 0o755, narrowError: "EROFS: injected" });
   });
 });

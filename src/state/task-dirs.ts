@@ -4,6 +4,7 @@ import { dirname, join, relative, resolve, sep } from "node:path";
 import pLimit from "p-limit";
 import type { TaskHold } from "../tasks/task.js";
 import { syncDirectory, tempFilePrefix } from "./durable-write.js";
+import { describeFsError } from "./log-file-sink.js";
 import { quarantineStateFile, quarantineTaskDir, sweepQuarantine } from "./quarantine.js";
 import { readTaskState, TASK_STATE_FILE, type TaskState } from "./task-state-file.js";
 import { VERSION } from "../version.js";
@@ -16,14 +17,19 @@ export const RUNNER_SUBDIR = "runner";
  * it held once its stale temp files were deleted (`undefined` when it could not be listed), so
  * that what the restore looks for in it costs no further call. An `unsafe` entry is one the shim
  * does not enter: a symlink (never followed) or a dir another user owns; `narrowedFrom` is the
- * mode of a dir that was wider than 0700 and has been narrowed to it.
+ * mode of a dir that was wider than 0700 and has been narrowed to it, or that could not be
+ * (`narrowError`: a read-only home, say; the scan goes on).
  */
 export type ScannedTaskDir = (
   | { readonly kind: "state"; readonly dir: string; readonly state: TaskState }
   | { readonly kind: "unreadable"; readonly dir: string; readonly error: Error }
   | { readonly kind: "no-state"; readonly dir: string }
   | { readonly kind: "unsafe"; readonly dir: string; readonly why: string }
-) & { readonly names: readonly string[] | undefined; readonly narrowedFrom?: number };
+) & {
+  readonly names: readonly string[] | undefined;
+  readonly narrowedFrom?: number;
+  readonly narrowError?: string;
+};
 
 /** A path would leave the tasks dir, or is not a dir of the shim's own. */
 export class UnsafeTaskDirError extends Error {
@@ -183,8 +189,13 @@ export class TaskDirs {
     const mode = seen.mode & 0o7777;
     // Wider than 0700 (a chmod by hand, an older release): another user could read credentials.
     const narrowedFrom = (mode & 0o7077) !== 0 ? mode : undefined;
-    if (narrowedFrom !== undefined) await chmod(dir, 0o700);
-    const narrowed = narrowedFrom !== undefined ? { narrowedFrom } : {};
+    // A home that cannot take the chmod (read-only, immutable) does not stop the scan: reported.
+    const narrowError =
+      narrowedFrom === undefined ? undefined : await chmod(dir, 0o700).then(() => undefined, describeFsError);
+    const narrowed = {
+      ...(narrowedFrom !== undefined ? { narrowedFrom } : {}),
+      ...(narrowError !== undefined ? { narrowError } : {}),
+    };
     const names = await this.sweepTempFiles(dir);
     // Listed without a task.json: nothing to read (a restart reads every dir).
     // Stryker disable next-line ConditionalExpression: without the shortcut the read fails with ENOENT, giving the same no-state one call later.
