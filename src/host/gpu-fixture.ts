@@ -52,10 +52,23 @@ const IntelFixtureSchema = Type.Object(
   },
   { additionalProperties: false },
 );
+// NVIDIA GPUs reach a container through a device request, never a node: a fixture names no node.
+const NvidiaFixtureSchema = Type.Object(
+  {
+    vendor: Type.Literal("nvidia"),
+    driver_version: DriverVersion,
+    gpus: Gpus({
+      name: GpuName,
+      vram_mib: Type.Integer({ minimum: 0 }),
+      uuid: Type.String({ pattern: "^GPU-[0-9A-Za-z-]+$", maxLength: 64 }),
+    }),
+  },
+  { additionalProperties: false },
+);
 const NoneFixtureSchema = Type.Object({ vendor: Type.Literal("none") }, { additionalProperties: false });
 
 /** The vendors a fixture may name. */
-const FIXTURE_VENDORS = ["amd", "tenstorrent", "intel", "none"] as const;
+const FIXTURE_VENDORS = ["nvidia", "amd", "tenstorrent", "intel", "none"] as const;
 
 /**
  * Reads a GPU fixture. Its forms:
@@ -66,10 +79,12 @@ const FIXTURE_VENDORS = ["amd", "tenstorrent", "intel", "none"] as const;
  * {"vendor":"tenstorrent","driver_version":"2.0.0","hugepages_path":"/tmp/x/hugepages-1G",
  *  "gpus":[{"name":"n300","vram_mib":24576,"device_node":"/tmp/x/tt0"}]}
  * {"vendor":"intel","driver_version":"","gpus":[{"name":"HL-225","vram_mib":98304}]}
+ * {"vendor":"nvidia","driver_version":"570.86.15",
+ *  "gpus":[{"name":"NVIDIA H100 80GB HBM3","vram_mib":81559,"uuid":"GPU-1d5a3f2e-8c41-4b7e-9a0d-5f6e7c8b9a01"}]}
  * {"vendor":"none"}
  * ```
  *
- * GPU `i` gets index `i` and the id its vendor uses: AMD `/dev/dri/renderD<128+i>`, Tenstorrent
+ * GPU `i` gets index `i` and the id its vendor uses: NVIDIA its `uuid` (distinct), AMD `/dev/dri/renderD<128+i>`, Tenstorrent
  * and Intel `"<i>"`. Host nodes are what the container sees at the standard paths, returned in
  * `deviceOverrides`: AMD's `kfd_path` at `/dev/kfd` and each `render_node` at its GPU's id;
  * Tenstorrent's `device_node` at `/dev/tenstorrent/<i>` and `hugepages_path` (optional; a
@@ -93,6 +108,8 @@ export async function loadGpuFixture(path: string): Promise<GpuInventory> {
     case "none":
       checkFixture(path, NoneFixtureSchema, raw);
       return { vendor: "none", gpus: [] };
+    case "nvidia":
+      return nvidiaFixture(path, checkFixture(path, NvidiaFixtureSchema, raw));
     case "amd":
       return amdFixture(path, checkFixture(path, AmdFixtureSchema, raw));
     case "tenstorrent":
@@ -106,6 +123,27 @@ export async function loadGpuFixture(path: string): Promise<GpuInventory> {
         `invalid GPU fixture ${path}: vendor must be one of ${FIXTURE_VENDORS.map((v) => `"${v}"`).join(", ")}`,
       );
   }
+}
+
+/**
+ * NVIDIA GPUs by UUID, as `nvidia-smi` names them: the container's device request asks for them,
+ * so a container of such a fixture starts only where the NVIDIA runtime knows those UUIDs; the
+ * rest of the shim (locks, instance info, DCGM) runs without one.
+ */
+function nvidiaFixture(path: string, fixture: Type.Static<typeof NvidiaFixtureSchema>): GpuInventory {
+  const uuids = fixture.gpus.map((gpu) => gpu.uuid);
+  if (new Set(uuids).size !== uuids.length) {
+    throw new GpuFixtureError(`invalid GPU fixture ${path}: GPU uuids must be distinct`);
+  }
+  const gpus = fixture.gpus.map((gpu, index): GpuInfo => ({
+    vendor: "nvidia",
+    name: gpu.name,
+    vramMiB: gpu.vram_mib,
+    id: gpu.uuid,
+    index,
+    driverVersion: fixture.driver_version,
+  }));
+  return { vendor: "nvidia", gpus };
 }
 
 function amdFixture(path: string, fixture: Type.Static<typeof AmdFixtureSchema>): GpuInventory {

@@ -742,7 +742,7 @@ describe("GPU fixture validation, word for word", () => {
     const path = join(dir, "gpus.json");
     for (const content of ["null", "5", '"amd"', '{"vendor":"habana"}', "[]"]) {
       expect((await rejection(content)).message, content).toBe(
-        `invalid GPU fixture ${path}: vendor must be one of "amd", "tenstorrent", "intel", "none"`,
+        `invalid GPU fixture ${path}: vendor must be one of "nvidia", "amd", "tenstorrent", "intel", "none"`,
       );
     }
   });
