@@ -12,9 +12,9 @@ import { errorMessage } from "../errors/error-message.js";
  *    stdin is a pipe from the shim. The shim never writes to it; when the shim dies, even by
  *    SIGKILL, the kernel closes the pipe's write end, the wrapper's `read` returns, and it
  *    SIGTERMs the exporter. That is prompt, needs no polling, and works when no shim starts again.
- * 2. The wrapper's process group id is written to `<home>/dcgm-exporter.pid`. The wrapper itself
- *    can die by SIGKILL (an OOM kill, an operator's `kill -9` of the group leader) and leave the
- *    exporter behind; so the next start, before it spawns its own exporter, kills what it finds
+ * 2. The wrapper's process group id is written to `<home>/dcgm-exporter.pid`. The wrapper's own
+ *    processes (its sh and its pipe watcher) can die by SIGKILL too (an OOM kill, an operator's
+ *    `kill -9`) and leave the exporter behind; so the next start, before it spawns its own, kills what it finds
  *    in that group, and any process that is an exporter on this port started the way taskshim and
  *    dstack-shim start it (`dcgm-exporter … -a localhost:<port>`: dstack-shim's own exporter left by
  *    a handover is one). Nothing else is killed: a process is matched by its command line, never by
