@@ -74,12 +74,12 @@ export class ShimMetrics {
     labelNames: ["kind"] as const,
     registers: [this.registry],
   });
-  readonly connectionsRefused = new Counter({
   readonly quarantineFailures = new Counter({
     name: "taskshim_quarantine_failures_total",
     help: "Unreadable state files and task dirs whose move to the quarantine failed (left in place, never written)",
     registers: [this.registry],
   });
+  readonly connectionsRefused = new Counter({
     name: "taskshim_http_connections_refused_total",
     help: "HTTP connections refused because 1,000 were already open",
     registers: [this.registry],

@@ -416,9 +416,9 @@ export async function startShim(
     metrics.restoredTasks.set(report.restored);
     metrics.quarantined.set({ kind: "corrupt" }, report.quarantineHeld);
     metrics.quarantined.set({ kind: "newer-format" }, report.skippedNewer.length);
-
     metrics.quarantined.set({ kind: "quarantine-failed" }, report.quarantineFailed.length);
     metrics.quarantineFailures.inc(report.quarantineFailed.length);
+
     const checked = components.refresh().then(() => {
       if (config.runnerDownloadUrl && !existsSync(config.runnerBinaryPath)) {
         components.install("dstack-runner", config.runnerDownloadUrl, undefined);
@@ -468,10 +468,10 @@ export async function startShim(
       "taskshim serving",
     );
     lifecycle.to("serving");
-
-    const loop = reconciler.run();
     // From here a signal is a shutdown (`RunningShim.shutdown`), no longer an interrupted start.
     interrupted?.removeEventListener("abort", onInterrupt);
+
+    const loop = reconciler.run();
     const events = config.testing.noEvents ? Promise.resolve() : reconciler.followEvents();
     const probing = storage.run(shutdownController.signal);
     const dcgmRunning = dcgm.start(shutdownController.signal);
@@ -558,12 +558,12 @@ export async function startShim(
       );
     } else lifecycle.to("failed", { error: errorMessage(error) });
     shutdownController.abort();
+    interruption.abort();
     stopHomeWatch();
     await lock.release();
-    interruption.abort();
+    if (stoppedBy instanceof StartInterruptedError) lifecycle.to("stopped", { outcome: "interrupted" });
     log.flush();
     logFile.close();
-    if (stoppedBy instanceof StartInterruptedError) lifecycle.to("stopped", { outcome: "interrupted" });
     throw stoppedBy instanceof StartInterruptedError ? stoppedBy : error;
   }
 }
