@@ -138,3 +138,37 @@ describe("GpuLock order", () => {
     expect(reversed.acquire(1)).toEqual(["GPU-b"]);
   });
 });
+
+describe("GpuLock with index ids (Intel Gaudi, Tenstorrent)", () => {
+  const numbered = (vendor: "intel" | "tenstorrent", count: number): GpuInventory => ({
+    vendor,
+    gpus: Array.from({ length: count }, (_, index) => ({
+      vendor,
+      name: vendor === "intel" ? "HL-225" : "n300",
+      vramMiB: 1,
+      id: String(index),
+      index,
+      driverVersion: "",
+    })).reverse(),
+  });
+
+  it("hands out by index, not by the ids' text order (10 after 9), and locks each device once", () => {
+    for (const vendor of ["intel", "tenstorrent"] as const) {
+      const lock = new GpuLock(numbered(vendor, 12));
+      expect(lock.acquire(3), vendor).toEqual(["0", "1", "2"]);
+      expect(lock.lock(["2", "9", "12"]), vendor).toEqual(["9"]);
+      expect(lock.acquire(-1), vendor).toEqual(["3", "4", "5", "6", "7", "8", "10", "11"]);
+      expect(lock.release(["10", "10", "0"]), vendor).toEqual(["10", "0"]);
+      expect(lock.lockedIds(), vendor).toEqual(["1", "2", "3", "4", "5", "6", "7", "8", "9", "11"]);
+    }
+  });
+
+  it("refuses an inventory that mixes a Gaudi card into a Tenstorrent host", () => {
+    const tt = numbered("tenstorrent", 2);
+    const mixed: GpuInventory = {
+      vendor: "tenstorrent",
+      gpus: [...tt.gpus, { ...gpu("7", 7), vendor: "intel" }],
+    };
+    expect(() => new GpuLock(mixed)).toThrow(InvalidGpuInventoryError);
+  });
+});

@@ -13,9 +13,6 @@ export type GpuVendor = "nvidia" | "amd" | "intel" | "tenstorrent" | "none";
 /** A vendor that has GPUs. */
 export type AcceleratorVendor = Exclude<GpuVendor, "none">;
 
-/** Every vendor, in the order dstack-shim's detection checks them (see `gpu-vendor.ts`). */
-export const GPU_VENDORS: readonly GpuVendor[] = ["nvidia", "tenstorrent", "amd", "intel", "none"];
-
 /** One detected GPU (an accelerator: a Gaudi card or a Tenstorrent chip counts as one). */
 export interface GpuInfo {
   readonly vendor: AcceleratorVendor;
