@@ -193,8 +193,15 @@ export const Components = Type.Object({
   ),
 });
 export const InstanceInfo = Type.Object({
-  gpu_vendor: Type.Optional(Type.String()),
-  gpu_driver_version: Type.Optional(Type.String()),
+  gpu_vendor: Type.Optional(
+    Type.String({
+      description:
+        "dstack's vendor string of the host's GPUs: nvidia, amd, intel (Gaudi) or tenstorrent; open: a later release may add one",
+    }),
+  ),
+  gpu_driver_version: Type.Optional(
+    Type.String({ description: "the first GPU's driver version; empty when unknown" }),
+  ),
 });
 /** DCGM's health results: pass 0, warn 10, fail 20 (dstack's server accepts no other). */
 const DcgmHealthResult = Type.Union([Type.Literal(0), Type.Literal(10), Type.Literal(20)]);
