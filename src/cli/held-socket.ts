@@ -162,11 +162,14 @@ export function watchParent(onGone: () => void, everyMs = 1_000): () => void {
 
 /**
  * Starts this command again as the stand-in that answers 503 on the held socket
- * (src/cli/unserved-standin.ts), with the socket as its fd 3.
+ * (src/cli/unserved-standin.ts), with the socket as its fd 3. The single binary is run from
+ * `/proc/self/exe`, this very file: the stand-in is needed exactly when the file at the
+ * supervisor's path may have been replaced by a binary that does not serve.
  */
 export function standInSpawn(): ChildProcess {
-  const args = isSea() ? process.argv.slice(2) : [...process.execArgv, ...process.argv.slice(1)];
-  return spawn(process.execPath, args, {
+  const sea = isSea();
+  const args = sea ? process.argv.slice(2) : [...process.execArgv, ...process.argv.slice(1)];
+  return spawn(sea ? "/proc/self/exe" : process.execPath, args, {
     stdio: ["ignore", "inherit", "inherit", HELD_FD],
     env: { ...process.env, [STANDIN_ENV]: "1" },
   });

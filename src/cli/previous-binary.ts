@@ -1,6 +1,6 @@
 import { createHash } from "node:crypto";
 import { createReadStream } from "node:fs";
-import { copyFile, link, realpath, rename, unlink } from "node:fs/promises";
+import { copyFile, link, open, realpath, rename, unlink } from "node:fs/promises";
 import { basename, dirname, join } from "node:path";
 import { fileIdentity, type FileIdentity } from "../components/file-identity.js";
 import { errorMessage } from "../errors/error-message.js";
@@ -97,8 +97,12 @@ export class PreviousBinary {
         const code = (error as NodeJS.ErrnoException).code;
         if (code !== "EXDEV" && code !== "EPERM" && code !== "ENOTSUP" && code !== "EMLINK") throw error;
         await copyFile(source, temp);
+        const copy = await open(temp, "r");
+        await copy.sync().finally(() => copy.close());
       });
       await rename(temp, to);
+      // A rename onto a name of the same file does nothing and leaves the temporary name behind.
+      await unlink(temp).catch(() => undefined);
       await syncDirectory(dirname(to));
     } catch (error) {
       await unlink(temp).catch(() => undefined);
