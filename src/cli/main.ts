@@ -6,6 +6,7 @@ import { formatUpgradeTable, succeeded, upgradeFleet } from "../control/upgrade.
 import { ConfigError, resolveShimConfig, SERVE_SETTINGS, type ServeFlags } from "../config/shim-config.js";
 import { VERSION } from "../version.js";
 import { addClientCommands } from "./client-commands.js";
+import { addCheckGpuCommand } from "./check-gpu.js";
 import { addFenceCommand } from "./fence.js";
 import { loadGlibcMalloc, MALLOC_ARENAS } from "./glibc-malloc.js";
 import { holdApiSocket, serveAddress, standInSpawn } from "./held-socket.js";
@@ -223,6 +224,7 @@ export function buildCli(): Command {
     });
   addClientCommands(program);
   addFenceCommand(program);
+  addCheckGpuCommand(program);
   return program;
 }
 
