@@ -41,7 +41,7 @@ export interface ShimConfig {
   readonly dcgmExporterHttpPort: number;
   /** dstack-shim's DCGM Exporter collect interval, in milliseconds. */
   readonly dcgmExporterIntervalMs: number;
-  /** nv-hostengine's address for libdcgm health; "" = libdcgm embedded, as dstack-shim. */
+  /** nv-hostengine's address for the GPU health (`dcgmi --host`); "" = the local nv-hostengine. */
   readonly dcgmAddress: string;
   /**
    * Let a `dstack-shim` install replace this taskshim with a binary that is not taskshim (dstack's
@@ -182,7 +182,7 @@ export const SERVE_SETTINGS = {
   dcgmAddress: {
     flag: "--dcgm-address <host>",
     env: "DSTACK_DCGM_ADDRESS",
-    help: "nv-hostengine's address for libdcgm (default: libdcgm embedded)",
+    help: "nv-hostengine's address for GPU health through dcgmi (default: the local one)",
   },
   allowShimHandover: {
     flag: "--allow-shim-handover [bool]",
