@@ -195,7 +195,7 @@ describe("DCGM Exporter under the shim (NVIDIA fixture, fake exporter)", () => {
     await expect(readFile(join(shim.home, "dcgm-exporter.pid"))).rejects.toThrow();
   });
 
-  it("leaves no exporter holding the port after a SIGKILL of the shim", async () => {
+  it("leaves no exporter holding the port after a SIGKILL of the shim, and the next shim runs its own", async () => {
     startsLog = join(dir, `starts-${seq}-kill.jsonl`);
     const port = await freePort();
     const shim = await startShim(port);
@@ -209,6 +209,12 @@ describe("DCGM Exporter under the shim (NVIDIA fixture, fake exporter)", () => {
       5_000,
     );
     expect(await exporterAnswers(port)).toBe(false);
+    // Started again on the same home and port: its own exporter takes the port, nothing to clean.
+    const next = await startShim(port, shim.home);
+    const second = await until("the next shim's exporter", async () => (await starts())[1]);
+    await until("the new exporter", async () => ((await exporterAnswers(port)) ? true : undefined));
+    expect(alive(second.pid)).toBe(true);
+    expect(next.logs).not.toContain("left by an earlier shim");
   });
 
   it("kills an exporter whose wrapper died with the shim at the next start, then runs its own", async () => {
