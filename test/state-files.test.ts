@@ -292,7 +292,13 @@ describe("S15 a quarantine that cannot take the corrupt file", () => {
 describe("A17 SIGTERM while the restore is held", () => {
   it("stops the start cleanly: exit 0, the lock released, and the next start serves", async () => {
     const home = await newHome();
-    const shim = await start({ home, waitReady: false, env: { TASKSHIM_FAILPOINTS: "mid-restore=hang" } });
+    // A minute's delay, not `hang`: a restore stuck on real I/O keeps the process alive, and so
+    // does the delay's timer (a promise that never settles would let the event loop run dry).
+    const shim = await start({
+      home,
+      waitReady: false,
+      env: { TASKSHIM_FAILPOINTS: "mid-restore=delay(60000)" },
+    });
     const deadline = Date.now() + 15_000;
     while (!/"phase":"restoring"/.test(shim.logs) && Date.now() < deadline) await sleep(20);
     expect(shim.logs).toMatch(/"phase":"restoring"/);
