@@ -237,7 +237,7 @@ export class ExporterSupervisor implements TaskMetricsSource {
           const since = performance.now();
           this.current = { kind: "serving", pid: running.pid, since };
           log("info", { pid: running.pid, port: this.options.port, attempt }, "DCGM Exporter serving");
-          const end = await Promise.race([running.exited, aborted(shutdown)]);
+          const end = await untilAborted(running.exited, shutdown);
           if (end === "aborted") {
             await this.stop(running);
             return;
@@ -288,7 +288,7 @@ export class ExporterSupervisor implements TaskMetricsSource {
     const argv = [executable, "-f", countersFile, "-a", `localhost:${port}`, "-c", String(intervalMs)];
     let child: ChildProcess;
     try {
-      // Its own process group: the stop signals the wrapper and the exporter together.
+      // Its own process group: what the stop's SIGKILL reaches, and what the next start looks for.
       child = spawn("/bin/sh", ["-c", EXPORTER_WRAPPER, "dcgm-exporter-wrapper", ...argv], {
         detached: true,
         stdio: ["pipe", "pipe", "pipe"],
@@ -381,12 +381,9 @@ export class ExporterSupervisor implements TaskMetricsSource {
     if (this.cached && performance.now() - this.cached.at < this.options.intervalMs) return this.cached.text;
     this.inFlight ??= this.fetchOnce().finally(() => (this.inFlight = undefined));
     // A caller that goes away stops waiting; the fetch goes on for the others.
-    return await Promise.race([
-      this.inFlight,
-      aborted(signal).then(() => {
-        throw new MetricsFetchError("the request was cancelled");
-      }),
-    ]);
+    const answer = await untilAborted(this.inFlight, signal);
+    if (answer === "aborted") throw new MetricsFetchError("the request was cancelled");
+    return answer;
   }
 
   private async fetchOnce(): Promise<string> {
@@ -432,10 +429,22 @@ async function groupGone(pgid: number, ms: number): Promise<boolean> {
   return true;
 }
 
-/** A promise that resolves "aborted" when `signal` aborts (never, otherwise). */
-function aborted(signal: AbortSignal): Promise<"aborted"> {
-  if (signal.aborted) return Promise.resolve("aborted");
-  return new Promise((resolve) => signal.addEventListener("abort", () => resolve("aborted"), { once: true }));
+/**
+ * `work`'s outcome, or "aborted" as soon as `signal` aborts; the abort listener is removed once
+ * either settles (the shutdown signal lives as long as the shim, across every restart).
+ */
+async function untilAborted<T>(work: Promise<T>, signal: AbortSignal): Promise<T | "aborted"> {
+  if (signal.aborted) return "aborted";
+  let onAbort = (): void => undefined;
+  const abort = new Promise<"aborted">((resolve) => {
+    onAbort = () => resolve("aborted");
+    signal.addEventListener("abort", onAbort, { once: true });
+  });
+  try {
+    return await Promise.race([work, abort]);
+  } finally {
+    signal.removeEventListener("abort", onAbort);
+  }
 }
 
 async function readCapped(response: Response, cap: number): Promise<string> {
