@@ -36,9 +36,10 @@ export function unlessInterrupted<T>(work: Promise<T>, signal: AbortSignal | und
         signal.removeEventListener("abort", onAbort);
         resolve(value);
       },
-      (error: unknown) => {
+      // The work's own failure, passed on as it is (an Error, as every rejection here).
+      (error: Error) => {
         signal.removeEventListener("abort", onAbort);
-        reject(error as Error);
+        reject(error);
       },
     );
   });
