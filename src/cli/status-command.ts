@@ -64,5 +64,6 @@ export function addStatusCommand(program: Command): void {
 export function rollbackLine(report: StatusWithRollback): string {
   const rollback = report.rollback;
   if (rollback === undefined) return "";
-  return `\nrolled back  ${rollback.at}: the new binary at ${rollback.binary} ${rollback.reason}; the previous one runs`;
+  // Aligned with the report's other fields (`gpus:         …`).
+  return `\nrolled back:  ${rollback.at}: the new binary at ${rollback.binary} ${rollback.reason}; the previous one runs`;
 }
