@@ -62,6 +62,15 @@ describe("U16 the previous binary", () => {
     expect((await new PreviousBinary(binary).standing()).kind).toBe("trial");
   });
 
+  it("a binary deleted from the path is on trial: the kept one goes back in its place", async () => {
+    const previous = new PreviousBinary(binary);
+    await previous.keep((await previous.standing()).identity);
+    await rm(binary);
+    expect((await previous.standing()).kind).toBe("trial");
+    expect(await previous.restore()).toBe(true);
+    expect(await readFile(binary, "utf8")).toBe("good\n");
+  });
+
   it("does not keep a binary that was replaced while it ran (the identity it served from is gone)", async () => {
     const previous = new PreviousBinary(binary);
     const served = await fileIdentity(binary);

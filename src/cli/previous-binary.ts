@@ -18,8 +18,8 @@ export class PreviousBinaryError extends Error {
  * Where the binary `supervise` is about to start stands:
  * - `proven`: it is the binary kept as `<binary>.previous` (it served before), or nothing is kept
  *   yet: there is nothing to go back to;
- * - `trial`: another binary than the one kept (an install renamed it over the path): if it does
- *   not serve, the kept one goes back.
+ * - `trial`: another binary than the one kept (an install renamed it over the path), or none at
+ *   all: if it does not serve, the kept one goes back.
  */
 export type BinaryStanding =
   | { readonly kind: "proven"; readonly identity: FileIdentity | undefined }
@@ -46,7 +46,9 @@ export class PreviousBinary {
   async standing(): Promise<BinaryStanding> {
     const identity = await fileIdentity(this.binary);
     const kept = await fileIdentity(this.path);
-    if (kept === undefined || identity === undefined) return { kind: "proven", identity };
+    if (kept === undefined) return { kind: "proven", identity };
+    // No binary at the path (deleted, or renamed away): it cannot start, and the kept one goes back.
+    if (identity === undefined) return { kind: "trial", identity };
     if (kept.dev === identity.dev && kept.ino === identity.ino) return { kind: "proven", identity };
     // A copy (no hard link could be made) of the binary in place, or the one a supervisor before
     // this one kept: the same bytes are the same binary.

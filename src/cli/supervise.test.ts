@@ -299,3 +299,35 @@ describe("U17 serve flags a binary does not know", () => {
     ]);
   });
 });
+
+describe("U16 a binary missing from its path under supervise", () => {
+  it("cannot start, and the kept one is put back and started", async () => {
+    const good = await servingShim();
+    await mkdir(join(dir, "bin"));
+    const binary = join(dir, "bin", "taskshim");
+    await copyFile(good, binary);
+    await chmod(binary, 0o755);
+    const lines: string[] = [];
+    const stop = new AbortController();
+    const supervising = supervise({
+      binary,
+      serveArgs: [],
+      crashDelayMs: 10,
+      maxCrashDelayMs: 10,
+      stableAfterMs: 60_000,
+      handoffDelayMs: 1,
+      stop: stop.signal,
+      log: (line) => lines.push(line),
+    });
+    await until(() => lines.some((l) => l.includes("kept the binary that serves")), "the binary kept");
+    await rm(binary);
+    await writeFile(join(dir, "exit-now"), "");
+    await until(async () => (await runsOf()).length >= 2, "the kept binary back");
+    stop.abort();
+    await supervising;
+    const notes = lines.map((l) => JSON.parse(l) as Note & { reason?: string });
+    expect(notes.map((n) => n.msg)).toContain("shim could not start");
+    expect(notes.find((n) => n.msg.startsWith("the new binary failed"))).toMatchObject({ code: 127 });
+    expect(await readFile(binary, "utf8")).toBe(await readFile(good, "utf8"));
+  });
+});

@@ -184,6 +184,7 @@ export async function supervise(options: SuperviseOptions): Promise<number> {
       const end = await runShim(child, {
         trialMs: standing.kind === "trial" ? (options.serveWithinMs ?? SERVE_WITHIN_MS) : undefined,
         address: options.address,
+        onError: (error) => note("shim could not start", { error: error.message }),
         onServing: async () => {
           guard?.serving();
           if (standing.kind === "trial") {
@@ -277,10 +278,15 @@ async function runShim(
     readonly trialMs: number | undefined;
     readonly address: ServeAddress | undefined;
     readonly onServing: () => Promise<void>;
+    /** It could not be started at all (a missing binary, no exec permission). */
+    readonly onError: (error: Error) => void;
   },
 ): Promise<RunEnd> {
   const exited = new Promise<ChildExit>((resolve) => {
-    child.once("error", () => resolve({ code: 127 }));
+    child.once("error", (error) => {
+      watch.onError(error);
+      resolve({ code: 127 });
+    });
     child.once("exit", (code, signal) => resolve(childExit(code, signal)));
   });
   const watching = new AbortController();
