@@ -65,10 +65,18 @@ async function until<T>(what: string, probe: () => Promise<T | undefined>, timeo
   }
 }
 
+/** The next exporter started after the `seen` starts recorded so far. */
+function nextStart(seen: number): Promise<{ pid: number; args: string[] }> {
+  return until("the next exporter's start", async () => {
+    const all = await starts();
+    return all.length > seen ? all.at(-1) : undefined;
+  });
+}
+
 /** Whether something answers exporter text at the port (any exporter, ours or a stale one). */
 async function exporterAnswers(port: number): Promise<boolean> {
   try {
-    const response = await fetch(`http://127.0.0.1:${port}/metrics`, { signal: AbortSignal.timeout(1_000) });
+    const response = await fetch(`http://127.0.0.1:${port}/metrics`, { signal: AbortSignal.timeout(3_000) });
     return response.status === 200 && (await response.text()) === exporterText();
   } catch {
     return false;
@@ -181,9 +189,10 @@ describe("DCGM Exporter under the shim (NVIDIA fixture, fake exporter)", () => {
     const task = cpuTask();
     await shim.submit(task);
     await exporterServing(shim, task.id);
-    const [first] = await starts();
+    const first = (await starts()).at(-1);
+    const seen = (await starts()).length;
     process.kill(first?.pid ?? 0, "SIGKILL");
-    const second = await until("a second exporter", async () => (await starts())[1]);
+    const second = await nextStart(seen);
     expect(second.pid).not.toBe(first?.pid);
     await exporterServing(shim, task.id);
     expect(shim.logs).toContain("DCGM Exporter exited; starting it again");
@@ -200,7 +209,7 @@ describe("DCGM Exporter under the shim (NVIDIA fixture, fake exporter)", () => {
     const port = await freePort();
     const shim = await startShim(port);
     await until("the exporter", async () => ((await exporterAnswers(port)) ? true : undefined));
-    const [first] = await starts();
+    const first = (await starts()).at(-1);
     await shim.kill();
     // The wrapper sees its pipe from the shim close and stops the exporter.
     await until(
@@ -210,8 +219,9 @@ describe("DCGM Exporter under the shim (NVIDIA fixture, fake exporter)", () => {
     );
     expect(await exporterAnswers(port)).toBe(false);
     // Started again on the same home and port: its own exporter takes the port, nothing to clean.
+    const seen = (await starts()).length;
     const next = await startShim(port, shim.home);
-    const second = await until("the next shim's exporter", async () => (await starts())[1]);
+    const second = await nextStart(seen);
     await until("the new exporter", async () => ((await exporterAnswers(port)) ? true : undefined));
     expect(alive(second.pid)).toBe(true);
     expect(next.logs).not.toContain("left by an earlier shim");
@@ -222,7 +232,8 @@ describe("DCGM Exporter under the shim (NVIDIA fixture, fake exporter)", () => {
     const port = await freePort();
     const shim = await startShim(port);
     await until("the exporter", async () => ((await exporterAnswers(port)) ? true : undefined));
-    const [first] = await starts();
+    // The exporter serving now (the last start: a first attempt may have failed).
+    const first = (await starts()).at(-1);
     const record = JSON.parse(await readFile(join(shim.home, "dcgm-exporter.pid"), "utf8")) as {
       pgid: number;
     };
@@ -231,11 +242,15 @@ describe("DCGM Exporter under the shim (NVIDIA fixture, fake exporter)", () => {
     for (const pid of groupMembers(record.pgid)) if (pid !== first?.pid) process.kill(pid, "SIGKILL");
     await shim.kill();
     await sleep(300);
-    expect(alive(first?.pid ?? 0)).toBe(true);
+    expect(
+      alive(first?.pid ?? 0),
+      JSON.stringify({ first, all: await starts(), logs: shim.logs.slice(-2000) }),
+    ).toBe(true);
     expect(await exporterAnswers(port)).toBe(true);
     // The next shim on the same home stops it before starting its own on the same port.
+    const seen = (await starts()).length;
     const next = await startShim(port, shim.home);
-    const second = await until("the next shim's exporter", async () => (await starts())[1]);
+    const second = await nextStart(seen);
     expect(alive(first?.pid ?? 0)).toBe(false);
     expect(next.logs).toContain("stopped a DCGM Exporter left by an earlier shim");
     await until("the new exporter", async () => ((await exporterAnswers(port)) ? true : undefined));
