@@ -1,3 +1,4 @@
+import { selfInvocation } from "./self-invocation.js";
 import { execFile } from "node:child_process";
 import { SERVE_SETTINGS } from "../config/shim-config.js";
 import { errorMessage } from "../errors/error-message.js";
@@ -96,9 +97,10 @@ export class ServeHelpError extends Error {
 /** Runs `<binary> serve --help` and reads what it accepts. */
 export async function probeServeHelp(binary: string, env: NodeJS.ProcessEnv): Promise<ServeHelp> {
   const stdout = await new Promise<string>((resolve, reject) => {
+    const self = selfInvocation(binary);
     execFile(
-      binary,
-      ["serve", "--help"],
+      self.file,
+      [...self.args, "serve", "--help"],
       { timeout: HELP_TIMEOUT_MS, env, maxBuffer: 1024 * 1024, encoding: "utf8" },
       (error, out) => {
         if (error)

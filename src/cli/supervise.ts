@@ -1,3 +1,4 @@
+import { selfInvocation } from "./self-invocation.js";
 import { spawn, type ChildProcess } from "node:child_process";
 import { constants } from "node:os";
 import { setTimeout as sleep } from "node:timers/promises";
@@ -163,7 +164,9 @@ export async function supervise(options: SuperviseOptions): Promise<number> {
       const serveArgs = await fitted.argsFor(standing.identity);
       if (stopping) break;
       const started = performance.now();
-      child = spawn(options.binary, ["serve", ...serveArgs], {
+      // Never through PATH: a bundle's shebang would run whatever `node` comes first there.
+      const self = selfInvocation(options.binary);
+      child = spawn(self.file, [...self.args, "serve", ...serveArgs], {
         stdio: [...stdio, "ipc"],
         // The arena cap of the bundle's shebang, for the single binary too (an operator's own wins).
         env: {
