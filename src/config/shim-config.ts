@@ -325,10 +325,7 @@ export function resolveShimConfig(
     privileged: bool(get("privileged") ?? false, "privileged"),
     pjrtDevice: str("pjrtDevice", ""),
     serviceMode: bool(get("service") ?? false, "service"),
-    dcgmExporterHttpPort: port(
-      str("dcgmExporterHttpPort", "10997"),
-      SERVE_SETTINGS.dcgmExporterHttpPort.env,
-    ),
+    dcgmExporterHttpPort: port(str("dcgmExporterHttpPort", "10997"), SERVE_SETTINGS.dcgmExporterHttpPort.env),
     dcgmExporterIntervalMs: milliseconds(
       str("dcgmExporterInterval", "5000"),
       SERVE_SETTINGS.dcgmExporterInterval.env,
