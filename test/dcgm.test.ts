@@ -204,7 +204,7 @@ describe("DCGM Exporter under the shim (NVIDIA fixture, fake exporter)", () => {
     await expect(readFile(join(shim.home, "dcgm-exporter.pid"))).rejects.toThrow();
   });
 
-  it("leaves no exporter holding the port after a SIGKILL of the shim, and the next shim runs its own", async () => {
+  it("A18 leaves no exporter holding the port after a SIGKILL of the shim, and the next shim runs its own", async () => {
     startsLog = join(dir, `starts-${seq}-kill.jsonl`);
     const port = await freePort();
     const shim = await startShim(port);
@@ -227,7 +227,7 @@ describe("DCGM Exporter under the shim (NVIDIA fixture, fake exporter)", () => {
     expect(next.logs).not.toContain("left by an earlier shim");
   });
 
-  it("kills an exporter whose wrapper died with the shim at the next start, then runs its own", async () => {
+  it("A19 kills an exporter whose wrapper died with the shim at the next start, then runs its own", async () => {
     startsLog = join(dir, `starts-${seq}-stale.jsonl`);
     const port = await freePort();
     const shim = await startShim(port);

@@ -56,7 +56,7 @@ describe("isExporterOnPort", () => {
 describe("killStaleExporters", () => {
   const args = (port: number) => ["-f", "/tmp/c.csv", "-a", `localhost:${port}`, "-c", "5000"];
 
-  it("stops the recorded wrapper's group and exporters on the port; leaves everything else", async () => {
+  it("A19 stops the recorded wrapper's group and exporters on the port; leaves everything else", async () => {
     await writeFile(
       join(home, EXPORTER_PID_FILE),
       JSON.stringify({ pgid: 500, executable: "dcgm-exporter", port: 10997 }),
