@@ -160,6 +160,127 @@ describe("ComponentService", () => {
     expect(invalid("dstack-runner", "ftp://x/y")).toMatch(/unsupported url scheme/);
     expect(invalid("dstack-runner", "http://x", "abc")).toMatch(/sha256/);
   });
+
+  it("takes a name and a URL as non-empty strings, each component by its name", async () => {
+    const invalid = (name: unknown, url: unknown): unknown => {
+      try {
+        service.install(name, url, undefined);
+      } catch (error) {
+        return { kind: (error as ComponentRequestError).kind, message: (error as Error).message };
+      }
+      return "accepted";
+    };
+    expect(invalid(undefined, "http://x")).toEqual({ kind: "invalid", message: "empty name" });
+    expect(invalid(7, "http://x")).toEqual({ kind: "invalid", message: "empty name" });
+    expect(invalid("", "http://x")).toEqual({ kind: "invalid", message: "empty name" });
+    expect(invalid("dstack-runner ", "http://x")).toEqual({ kind: "invalid", message: "unknown component" });
+    expect(invalid("taskshim", "http://x")).toEqual({ kind: "invalid", message: "unknown component" });
+    expect(invalid("dstack-runner", undefined)).toEqual({ kind: "invalid", message: "empty url" });
+    expect(invalid("dstack-runner", 7)).toEqual({ kind: "invalid", message: "empty url" });
+    expect(invalid("dstack-shim", "")).toEqual({ kind: "invalid", message: "empty url" });
+    expect(invalid("dstack-shim", "not a url")).toEqual({ kind: "invalid", message: "invalid url" });
+    expect(invalid("dstack-shim", "/relative/path")).toEqual({ kind: "invalid", message: "invalid url" });
+    expect(invalid("dstack-runner", `file://${join(dir, "none")}`)).toBe("accepted");
+    expect(invalid("dstack-shim", `file://${join(dir, "none")}`)).toBe("accepted");
+    await service.settle();
+  });
+
+  it("accepts http, https and file URLs (any case), and refuses every other scheme, saying which it takes", async () => {
+    const outcome = async (url: string): Promise<string> => {
+      try {
+        service.install("dstack-runner", url, undefined);
+      } catch (error) {
+        return (error as Error).message;
+      }
+      await service.settle();
+      return "accepted";
+    };
+    // Nothing listens on port 1: each accepted install fails at once.
+    for (const url of [
+      "http://127.0.0.1:1/r",
+      "https://127.0.0.1:1/r",
+      "HTTP://127.0.0.1:1/r",
+      `file://${dir}/x`,
+    ]) {
+      expect(await outcome(url), url).toBe("accepted");
+    }
+    for (const url of [
+      "ftp://x/y",
+      "data:,hello",
+      "javascript:alert(1)",
+      "ws://x/y",
+      "httpx://x/y",
+      "file+x://y/z",
+    ]) {
+      expect(await outcome(url), url).toBe("unsupported url scheme (http, https or file)");
+    }
+  });
+
+  it("takes a sha256 of exactly 64 hex digits in either case, or none (undefined or null)", async () => {
+    const hex = "0123456789abcdef".repeat(4);
+    const outcome = async (sha256: unknown): Promise<string> => {
+      try {
+        service.install("dstack-runner", `file://${dir}/x`, sha256);
+      } catch (error) {
+        expect(error).toMatchObject({ kind: "invalid" });
+        return (error as Error).message;
+      }
+      await service.settle();
+      return "accepted";
+    };
+    for (const ok of [undefined, null, hex, hex.toUpperCase(), "f".repeat(64)]) {
+      expect(await outcome(ok), String(ok)).toBe("accepted");
+    }
+    for (const bad of [
+      hex.slice(1),
+      `${hex}0`,
+      `x${hex}`,
+      `${hex}x`,
+      ` ${hex}`,
+      `${hex.slice(1)}g`,
+      "",
+      7,
+      { sha256: hex },
+    ]) {
+      expect(await outcome(bad), JSON.stringify(bad)).toBe("sha256 must be 64 hex digits");
+    }
+  });
+
+  it("compares a sha256 given in upper case with the download's (lower case) digest", async () => {
+    service.install("dstack-runner", `${baseUrl}/runner-0.19.40`, sha(script("0.19.40")).toUpperCase());
+    await service.settle();
+    expect((await service.list())[0]).toEqual({
+      name: "dstack-runner",
+      version: "0.19.40",
+      status: "installed",
+    });
+    service.install("dstack-runner", `${baseUrl}/runner-0.19.41`, "A".repeat(64));
+    await service.settle();
+    expect((await service.list())[0]?.error).toBe(
+      `sha256 mismatch: expected ${"a".repeat(64)}, got ${sha(script("0.19.41"))}`,
+    );
+  });
+
+  it("an accepted install shows `installing` at once: the version, build id and last error cleared", async () => {
+    service.install("dstack-runner", `${baseUrl}/missing`, undefined);
+    await service.settle();
+    expect((await service.list())[0]).toEqual({
+      name: "dstack-runner",
+      version: "",
+      status: "not-installed",
+      error: "download failed: HTTP 404",
+    });
+    let open!: () => void;
+    gate = new Promise((resolve) => (open = resolve));
+    service.install("dstack-runner", `${baseUrl}/runner-1.0.0`, undefined);
+    expect((await service.list())[0]).toEqual({ name: "dstack-runner", version: "", status: "installing" });
+    expect(service.missingRunner()).toBeUndefined();
+    open();
+    await service.settle();
+    expect(service.missingRunner()).toBeUndefined();
+    await rm(join(dir, "dstack-runner"));
+    expect(service.missingRunner()).toBe(join(dir, "dstack-runner"));
+  });
 });
 
 /** A binary as the fake executor reads it: `--version` prints `line`; `version --json` prints `json` when given. */
