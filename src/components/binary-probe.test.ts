@@ -33,6 +33,15 @@ const answering = (
     argv[1] === "--version" ? version : argv[1] === "version" ? json : exited(9),
   );
 
+/** An `exited` outcome without an exit code: killed by `signal`. */
+const killed = (signal: NodeJS.Signals | null): BoundedOutcome => ({
+  kind: "exited",
+  code: null,
+  signal,
+  stdout: Buffer.alloc(0),
+  stderr: Buffer.alloc(0),
+});
+
 describe("BinaryProbe.probe", () => {
   it("a missing file, or a path through a regular file, is not installed and runs nothing", async () => {
     const commands = answering(exited(0, "dstack-runner version 1.0.0\n"));
@@ -74,8 +83,8 @@ describe("BinaryProbe.probe", () => {
   it("each way a --version can fail to answer is a problem of kind run, with the file's identity", async () => {
     const cases: [BoundedOutcome | Error, string][] = [
       [exited(3), "--version: exit status 3"],
-      [{ ...exited(0), code: null, signal: "SIGKILL" }, "--version: killed by SIGKILL"],
-      [{ ...exited(0), code: null, signal: null }, "--version: killed by a signal"],
+      [killed("SIGKILL"), "--version: killed by SIGKILL"],
+      [killed(null), "--version: killed by a signal"],
       [EXPIRED, "--version: did not finish within 10000 ms"],
       [INTERRUPTED, "--version: interrupted by shutdown"],
       [new Error("cannot start it: spawn EACCES"), "--version: cannot start it: spawn EACCES"],
