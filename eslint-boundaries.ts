@@ -50,7 +50,7 @@ export const FOLDER_GRAPH: Readonly<Record<GraphNode, NodeImports>> = {
   config: edges(["docker", "host"]),
   components: edges(["exec", "logging", "state"]),
   // DCGM: the exporter the shim supervises and the GPU health it reads, behind ports api/ uses.
-  dcgm: edges(["exec"]),
+  dcgm: edges(["exec", "state"]),
   runner: edges(["docker", "exec", "host", "logging", "state", "tasks"]),
   state: edges(["tasks"]),
   // The Docker layer reads the host's GPU types to build device requests; it calls nothing there.

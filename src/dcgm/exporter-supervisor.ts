@@ -227,7 +227,7 @@ export class ExporterSupervisor implements TaskMetricsSource {
     let attempt = 0;
     while (!shutdown.aborted) {
       attempt += 1;
-      const running = this.spawn(countersFile);
+      const running = await this.spawn(countersFile);
       if (running === undefined) {
         failures += 1;
       } else {
@@ -282,7 +282,7 @@ export class ExporterSupervisor implements TaskMetricsSource {
     }
   }
 
-  private spawn(countersFile: string): Running | undefined {
+  private async spawn(countersFile: string): Promise<Running | undefined> {
     const { executable, port, intervalMs, log, home } = this.options;
     // dstack-shim's arguments: the counters file, the listen address, the collect interval.
     const argv = [executable, "-f", countersFile, "-a", `localhost:${port}`, "-c", String(intervalMs)];
@@ -314,7 +314,8 @@ export class ExporterSupervisor implements TaskMetricsSource {
       child.once("exit", (code, signal) => resolve({ code, signal }));
       child.once("error", () => resolve({ code: null, signal: null }));
     });
-    writeExporterRecord(home, { pgid: pid, executable, port }).catch((error: unknown) =>
+    // Recorded before it counts as started: a shim killed from here on leaves a record to clean.
+    await writeExporterRecord(home, { pgid: pid, executable, port }).catch((error: unknown) =>
       log(
         "warn",
         { error: errorMessage(error) },

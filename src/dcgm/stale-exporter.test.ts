@@ -1,4 +1,5 @@
-import { mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
+import { execFileSync } from "node:child_process";
+import { mkdtemp, readFile, rm, symlink, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
@@ -6,6 +7,8 @@ import {
   EXPORTER_PID_FILE,
   isExporterOnPort,
   killStaleExporters,
+  readExporterRecord,
+  writeExporterRecord,
   type ProcEntry,
   type ProcessTable,
 } from "./stale-exporter.js";
@@ -111,5 +114,29 @@ describe("killStaleExporters", () => {
     });
     expect(cleanup.killed).toEqual([]);
     expect(signals).toEqual([]);
+  });
+});
+
+describe("the pid file", () => {
+  it("is read bounded and typed: a FIFO, a symlink to /dev/zero or a huge file is no record, at once", async () => {
+    const path = join(home, EXPORTER_PID_FILE);
+    execFileSync("mkfifo", [path]);
+    expect(await readExporterRecord(home)).toBeUndefined();
+    await rm(path);
+    await symlink("/dev/zero", path);
+    expect(await readExporterRecord(home)).toBeUndefined();
+    await rm(path);
+    await writeFile(path, " ".repeat(1024 * 1024));
+    expect(await readExporterRecord(home)).toBeUndefined();
+  });
+
+  it("is written over a planted symlink, never through it", async () => {
+    const elsewhere = join(home, "elsewhere");
+    await writeFile(elsewhere, "kept");
+    await symlink(elsewhere, join(home, EXPORTER_PID_FILE));
+    const record = { pgid: 4242, executable: "/usr/bin/dcgm-exporter", port: 10997 };
+    await writeExporterRecord(home, record);
+    expect(await readFile(elsewhere, "utf8")).toBe("kept");
+    expect(await readExporterRecord(home)).toEqual(record);
   });
 });

@@ -1,4 +1,6 @@
-import { readdir, readFile, rm, writeFile } from "node:fs/promises";
+import { readdir, readFile, rm } from "node:fs/promises";
+import { readBoundedFile } from "../state/bounded-read.js";
+import { writeFileDurably } from "../state/durable-write.js";
 import { basename, join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import { errorMessage } from "../errors/error-message.js";
@@ -20,6 +22,9 @@ import { errorMessage } from "../errors/error-message.js";
  *    a handover is one). Nothing else is killed: a process is matched by its command line, never by
  *    a pid alone (a pid is reused), and an exporter an operator runs on another address is left.
  */
+
+/** A record is a few dozen bytes. */
+const MAX_RECORD_BYTES = 4096;
 
 /** The pid file's name in the home. */
 export const EXPORTER_PID_FILE = "dcgm-exporter.pid";
@@ -110,8 +115,9 @@ export function isExporterOnPort(argv: readonly string[], name: string, port: nu
 /** Reads the pid file; undefined when absent or unreadable (nothing to clean). */
 export async function readExporterRecord(home: string): Promise<ExporterRecord | undefined> {
   try {
+    // Bounded and typed: a FIFO, a symlink to /dev/zero or a huge file there must not hold the start.
     const parsed = JSON.parse(
-      await readFile(join(home, EXPORTER_PID_FILE), "utf8"),
+      await readBoundedFile(join(home, EXPORTER_PID_FILE), MAX_RECORD_BYTES),
     ) as Partial<ExporterRecord>;
     if (
       typeof parsed.pgid === "number" &&
@@ -128,9 +134,12 @@ export async function readExporterRecord(home: string): Promise<ExporterRecord |
   }
 }
 
-/** Records the running wrapper's group. Not durable on purpose: a lost record only leaves the port rule. */
+/**
+ * Records the running wrapper's group: a new file renamed over the name, so a symlink planted
+ * there is replaced, never followed (a lost record only leaves the port rule).
+ */
 export async function writeExporterRecord(home: string, record: ExporterRecord): Promise<void> {
-  await writeFile(join(home, EXPORTER_PID_FILE), `${JSON.stringify(record)}\n`, { mode: 0o600 });
+  await writeFileDurably(join(home, EXPORTER_PID_FILE), `${JSON.stringify(record)}\n`, 0o600);
 }
 
 /** Removes the pid file once the exporter is stopped. */
