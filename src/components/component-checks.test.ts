@@ -510,3 +510,147 @@ describe("the sources file in the home", () => {
     expect({ full: origin.full, notModified: origin.notModified }).toEqual({ full: 1, notModified: 1 });
   });
 });
+
+describe("what an install logs and remembers", () => {
+  const failing = "#!/bin/sh\nexit 3\n";
+  const page = "<!doctype html><html>sign in</html>\n";
+  const downloadRuns = (): string[][] => commands.argvs.filter((a) => a[0]?.includes(".download-") === true);
+
+  it("logs an install once at info with the version, and the build id of a taskshim only", async () => {
+    origin.put("/taskshim", taskshim("1.4.0"));
+    origin.put("/runner", runner("0.21.3"));
+    const svc = service();
+    await post(svc, "dstack-shim", origin.url("/taskshim"));
+    await post(svc, "dstack-runner", origin.url("/runner"));
+    expect(
+      lines("info", "component installed").map(({ component, version, build_id }) => ({
+        component,
+        version,
+        build_id,
+      })),
+    ).toEqual([
+      { component: "dstack-shim", version: "1.4.0", build_id: "b-1.4.0" },
+      { component: "dstack-runner", version: "0.21.3", build_id: undefined },
+    ]);
+    expect(lines("info", "component installed")[1]).not.toHaveProperty("build_id");
+  });
+
+  it("a --version that cannot run is a failure, not a verdict: logged each time, nothing remembered, the next post downloads and runs it again", async () => {
+    origin.put("/broken", failing);
+    const svc = service();
+    await post(svc, "dstack-runner", origin.url("/broken"));
+    await post(svc, "dstack-runner", origin.url("/broken"));
+    expect({ full: origin.full, notModified: origin.notModified }).toEqual({ full: 2, notModified: 0 });
+    expect(downloadRuns().map((a) => a.slice(1))).toEqual([["--version"], ["--version"]]);
+    expect(await entry(svc, "dstack-runner")).toEqual({
+      name: "dstack-runner",
+      version: "",
+      status: "not-installed",
+      error: "the download is not a dstack-runner binary: --version: exit status 3",
+    });
+    const failed = lines("error", "component install failed");
+    expect(failed).toHaveLength(2);
+    expect(failed[0]).toMatchObject({
+      component: "dstack-runner",
+      url: origin.url("/broken"),
+      in_place: { status: "not-installed", version: "" },
+    });
+    await expect(stat(join(dir, COMPONENT_SOURCES_FILE))).rejects.toThrow(/ENOENT/);
+  });
+
+  it("content that is not a binary is a verdict: logged as a failure once, then at debug, and the next posts cost 304s", async () => {
+    origin.put("/page", page);
+    await put(runnerPath, runner("0.21.3"));
+    const svc = service();
+    await svc.refresh();
+    const ranBefore = commands.argvs.length;
+    for (let i = 0; i < 3; i++) await post(svc, "dstack-runner", origin.url("/page"));
+    expect({ full: origin.full, notModified: origin.notModified }).toEqual({ full: 1, notModified: 2 });
+    // Neither the page nor the binary in place is run: the binary in place is as it was seen.
+    expect(commands.argvs.length).toBe(ranBefore);
+    const error = "the download is not a dstack-runner binary: neither an ELF executable nor a #! script";
+    expect(await entry(svc, "dstack-runner")).toEqual({
+      name: "dstack-runner",
+      version: "0.21.3",
+      status: "installed",
+      error,
+    });
+    expect(lines("error", "component install failed")).toHaveLength(1);
+    expect(lines("error", "component install failed")[0]).toMatchObject({
+      in_place: { status: "installed", version: "0.21.3" },
+    });
+    expect(lines("debug", "component install failed (again)").map((l) => l.error)).toEqual([error, error]);
+    expect(lines("warn", "component install refused")).toEqual([]);
+  });
+
+  it("without validators, bytes refused before are downloaded again but never run again; new bytes are judged anew", async () => {
+    origin.validators = false;
+    origin.put("/shim", runner("0.21.3"));
+    const svc = service();
+    for (let i = 0; i < 3; i++) await post(svc, "dstack-shim", origin.url("/shim"));
+    expect(origin.full).toBe(3);
+    expect(downloadRuns()).toHaveLength(1);
+    expect(await entry(svc, "dstack-shim")).toMatchObject({
+      status: "not-installed",
+      error:
+        'the download is not a dstack-shim binary: it is dstack-runner (--version printed "dstack-runner version 0.21.3")',
+    });
+    origin.put("/shim", taskshim("1.4.0"));
+    await post(svc, "dstack-shim", origin.url("/shim"));
+    expect(await entry(svc, "dstack-shim")).toEqual({
+      name: "dstack-shim",
+      version: "1.4.0",
+      status: "installed",
+      build_id: "b-1.4.0",
+    });
+  });
+
+  it("a refusal at a URL does not stand for the same bytes at another URL, nor for new bytes at that URL", async () => {
+    origin.put("/a", page);
+    origin.put("/b", page);
+    const svc = service();
+    await post(svc, "dstack-runner", origin.url("/a"));
+    await post(svc, "dstack-runner", origin.url("/b"));
+    expect({ full: origin.full, notModified: origin.notModified }).toEqual({ full: 2, notModified: 0 });
+    expect(lines("error", "component install failed")).toHaveLength(2);
+    origin.put("/b", runner("0.21.4"));
+    await post(svc, "dstack-runner", origin.url("/b"));
+    expect(await entry(svc, "dstack-runner")).toEqual({
+      name: "dstack-runner",
+      version: "0.21.4",
+      status: "installed",
+    });
+  });
+
+  it("a sha256 mismatch is remembered with the digest asked: another digest, or none, downloads in full", async () => {
+    const body = runner("0.21.3");
+    origin.put("/runner", body);
+    const svc = service();
+    await post(svc, "dstack-runner", origin.url("/runner"), "1".repeat(64));
+    await post(svc, "dstack-runner", origin.url("/runner"), "2".repeat(64));
+    expect({ full: origin.full, notModified: origin.notModified }).toEqual({ full: 2, notModified: 0 });
+    expect((await entry(svc, "dstack-runner")).error).toBe(
+      `sha256 mismatch: expected ${"2".repeat(64)}, got ${sha(body)}`,
+    );
+    expect(downloadRuns()).toEqual([]);
+    await post(svc, "dstack-runner", origin.url("/runner"));
+    expect({ full: origin.full, notModified: origin.notModified }).toEqual({ full: 3, notModified: 0 });
+    expect(await entry(svc, "dstack-runner")).toEqual({
+      name: "dstack-runner",
+      version: "0.21.3",
+      status: "installed",
+    });
+  });
+
+  it("a Go dstack-shim refused is logged as a refusal (warn), with the URL redacted", async () => {
+    // The server's files are keyed by the whole request URL, query included.
+    origin.put("/dstack-shim?token=s3cret", goShim("0.21.3"));
+    const svc = service();
+    await post(svc, "dstack-shim", `${origin.url("/dstack-shim")}?token=s3cret`);
+    const refusal = lines("warn", "component install refused");
+    expect(refusal).toHaveLength(1);
+    expect(refusal[0]).toMatchObject({ component: "dstack-shim", url: origin.url("/dstack-shim") });
+    expect(JSON.stringify(logs)).not.toContain("s3cret");
+    expect((await entry(svc, "dstack-shim")).error).toBe(REFUSED(origin.url("/dstack-shim")));
+  });
+});
