@@ -1,6 +1,6 @@
 import { lstat, mkdir, readdir, rename, rm, unlink } from "node:fs/promises";
 import { basename, dirname, join } from "node:path";
-import { fileKindOf } from "./bounded-read.js";
+import { fileKindOf, readBoundedFile } from "./bounded-read.js";
 import { syncDirectory, writeFileDurably } from "./durable-write.js";
 import { describeFsError } from "./log-file-sink.js";
 
@@ -12,8 +12,21 @@ import { describeFsError } from "./log-file-sink.js";
  */
 export const QUARANTINE_DIR = "quarantine";
 
-/** How long, and how many, quarantined files are kept (the newest win). */
-export const QUARANTINE_RETENTION = { maxAgeMs: 30 * 24 * 60 * 60 * 1000, maxFiles: 100 } as const;
+/**
+ * How long, and how many, quarantined files are kept (the newest win). Age is counted twice: by
+ * the wall clock and by the starts that swept since a file was first seen; a file goes only when
+ * both say it is old, so a clock stepped years ahead (a bad RTC, a wrong NTP answer) deletes no
+ * evidence by itself.
+ */
+export const QUARANTINE_RETENTION = {
+  maxAgeMs: 30 * 24 * 60 * 60 * 1000,
+  maxFiles: 100,
+  minSweeps: 3,
+} as const;
+
+/** The quarantine's own count of sweeps, and the sweep each entry was first seen at. */
+const SWEEPS_FILE = ".sweeps.json";
+const MAX_SWEEPS_FILE_BYTES = 64 * 1024;
 
 const STATE_SUFFIX = ".task.json";
 const DIR_SUFFIX = ".taskdir";
@@ -128,25 +141,38 @@ async function quarantineRoot(root: string): Promise<void> {
 }
 
 /**
- * Deletes quarantined files (and their notes) older than the retention age or beyond the
- * newest `maxFiles`, and notes left without their file. Returns how many files it holds.
+ * Deletes quarantined files (and their notes) older than the retention age, by the wall clock and
+ * by starts, or beyond the newest `maxFiles`, and notes left without their file. Returns how many
+ * files it holds.
  */
 export async function sweepQuarantine(
   home: string,
   now = Date.now(),
-  retention: { readonly maxAgeMs: number; readonly maxFiles: number } = QUARANTINE_RETENTION,
+  retention: {
+    readonly maxAgeMs: number;
+    readonly maxFiles: number;
+    readonly minSweeps: number;
+  } = QUARANTINE_RETENTION,
 ): Promise<number> {
   const root = join(home, QUARANTINE_DIR);
   // A quarantine that is not a directory of its own (a symlink) is never swept through.
   const seen = await lstat(root).catch(() => undefined);
   if (seen === undefined || !seen.isDirectory()) return 0;
   const names = await readdir(root).catch(() => [] as string[]);
+  const sweeps = await readSweeps(root);
+  const sweep = sweeps.count + 1;
   const entries = names
     .map((name) => ENTRY.exec(name))
     .filter((m) => m !== null)
-    .map((m) => ({ stem: `${m[1]}.${m[2]}`, at: Number(m[2]) }))
-    .sort((a, b) => b.at - a.at);
-  const kept = entries.filter((e, i) => i < retention.maxFiles && now - e.at <= retention.maxAgeMs);
+    .map((m) => {
+      const stem = `${m[1]}.${m[2]}`;
+      return { stem, at: Number(m[2]), firstSeen: sweeps.firstSeen[stem] ?? sweep };
+    })
+    // Newest first: by the sweep that first saw it (a count no clock can step), then by its time.
+    .sort((a, b) => b.firstSeen - a.firstSeen || b.at - a.at);
+  const old = (e: (typeof entries)[number]): boolean =>
+    now - e.at > retention.maxAgeMs && sweep - e.firstSeen >= retention.minSweeps;
+  const kept = entries.filter((e, i) => i < retention.maxFiles && !old(e));
   const keptStems = new Set(kept.map((e) => e.stem));
   const doomed = names.filter((name) => {
     const suffix = [STATE_SUFFIX, DIR_SUFFIX, NOTE_SUFFIX].find((s) => name.endsWith(s));
@@ -157,6 +183,33 @@ export async function sweepQuarantine(
   // Stryker disable next-line BooleanLiteral: force only matters for an entry already gone.
   for (const name of doomed)
     await rm(join(root, name), { recursive: true, force: true }).catch(() => undefined);
+  // A count that cannot be written is counted again from here next time: files look newer, never older.
+  await writeFileDurably(
+    join(root, SWEEPS_FILE),
+    `${JSON.stringify({ count: sweep, first_seen: Object.fromEntries(kept.map((e) => [e.stem, e.firstSeen])) })}\n`,
+  ).catch(() => undefined);
   if (doomed.length > 0) await syncDirectory(root).catch(() => undefined);
   return kept.length;
+}
+
+/** The sweep count and first sightings; a missing, unreadable or damaged file counts from 0. */
+async function readSweeps(root: string): Promise<{ count: number; firstSeen: Record<string, number> }> {
+  const none = { count: 0, firstSeen: {} };
+  try {
+    const parsed = JSON.parse(await readBoundedFile(join(root, SWEEPS_FILE), MAX_SWEEPS_FILE_BYTES)) as {
+      count?: unknown;
+      first_seen?: unknown;
+    };
+    if (typeof parsed.count !== "number" || !Number.isSafeInteger(parsed.count) || parsed.count < 0)
+      return none;
+    const firstSeen: Record<string, number> = {};
+    if (typeof parsed.first_seen === "object" && parsed.first_seen !== null) {
+      for (const [stem, at] of Object.entries(parsed.first_seen)) {
+        if (typeof at === "number" && Number.isSafeInteger(at) && at <= parsed.count) firstSeen[stem] = at;
+      }
+    }
+    return { count: parsed.count, firstSeen };
+  } catch {
+    return none;
+  }
 }

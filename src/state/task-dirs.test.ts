@@ -251,8 +251,12 @@ describe("TaskDirs: what a start does not trust", () => {
     expect(await dirs.scan()).toEqual([]);
     // Swept as entries of their own: the link removed, never followed.
     expect(await dirs.sweepQuarantine()).toBe(2);
-    expect(await sweepQuarantine(home, Date.now() + 31 * 24 * 60 * 60 * 1000)).toBe(0);
-    expect(await readdir(join(home, "quarantine"))).toEqual([]);
+    // Old by the clock, and then by starts too (the third start after the first that saw them).
+    const later = Date.now() + 31 * 24 * 60 * 60 * 1000;
+    expect(await sweepQuarantine(home, later)).toBe(2);
+    expect(await sweepQuarantine(home, later)).toBe(2);
+    expect(await sweepQuarantine(home, later)).toBe(0);
+    expect(await readdir(join(home, "quarantine"))).toEqual([".sweeps.json"]);
     expect(await readdir(elsewhere)).toEqual([TASK_STATE_FILE]);
   });
 
@@ -357,11 +361,36 @@ describe("sweepQuarantine", () => {
     }
     await writeFile(join(home, "quarantine", "orphan.5.note.json"), "{}");
     await writeFile(join(home, "quarantine", "README"), "kept: not ours");
-    expect(await sweepQuarantine(home, now, { maxAgeMs: 30 * DAY, maxFiles: 2 })).toBe(2);
+    expect(await sweepQuarantine(home, now, { maxAgeMs: 30 * DAY, maxFiles: 2, minSweeps: 3 })).toBe(2);
     const left = (await readdir(join(home, "quarantine"))).sort();
     expect(left.filter((n) => n.endsWith(".task.json")).map((n) => n.split("-")[0])).toEqual(["a", "b"]);
     expect(left.filter((n) => n.endsWith(".note.json"))).toHaveLength(2);
     expect(left).toContain("README");
+  });
+
+  it("deletes no evidence for a wall clock stepped years ahead alone: age by starts is needed too", async () => {
+    const now = Date.now();
+    const dir = await dirs.make("jump-0-0-11111111");
+    await writeFile(join(dir, TASK_STATE_FILE), "evidence");
+    await quarantineStateFile(home, dir, TASK_STATE_FILE, "why", "9.9.9", now);
+    const jumped = now + 10 * 365 * DAY;
+    expect(await sweepQuarantine(home, jumped)).toBe(1);
+    expect(await sweepQuarantine(home, jumped)).toBe(1);
+    // A clock stepped back: never older than it was, and the count of starts is unmoved.
+    expect(await sweepQuarantine(home, now - 365 * DAY)).toBe(1);
+    expect(await sweepQuarantine(home, jumped)).toBe(0);
+  });
+
+  it("counts from zero again when its count is damaged: files look newer, never older", async () => {
+    const now = Date.now();
+    const dir = await dirs.make("count-0-0-11111111");
+    await writeFile(join(dir, TASK_STATE_FILE), "evidence");
+    await quarantineStateFile(home, dir, TASK_STATE_FILE, "why", "9.9.9", now - 40 * DAY);
+    expect(await sweepQuarantine(home, now)).toBe(1);
+    expect(await sweepQuarantine(home, now)).toBe(1);
+    await writeFile(join(home, "quarantine", ".sweeps.json"), "{damaged");
+    for (let i = 0; i < 3; i++) expect(await sweepQuarantine(home, now)).toBe(1);
+    expect(await sweepQuarantine(home, now)).toBe(0);
   });
 
   it("holds nothing when there is no quarantine", async () => {
