@@ -165,6 +165,7 @@ describe("fence: what it refuses to start", () => {
     await expect(fence(new Docker(""), request({ selection: { kind: "all" } }))).rejects.toThrow(
       "fence needs --shim, --ssh or --local",
     );
+    await expect(fence(new Docker(""), request({}))).rejects.toMatchObject({ name: "FenceRequestError" });
     expect(FENCE_DEFAULT_DEADLINE_MS).toBe(30_000);
   });
 });

@@ -207,6 +207,36 @@ describe("upgradeShim, step by step", () => {
     });
   });
 
+  it("without /metrics, a restart is still told by the build ids, or by another version", async () => {
+    const cases: [object, object, object, object][] = [
+      // Build ids on both sides, one version.
+      [
+        health("1.0.0", "old"),
+        health("1.0.0", "new"),
+        component("installed", "1.0.0", { build_id: "new" }),
+        { compared: "build_id" },
+      ],
+      // The running build has an id, the installed one none, another version.
+      [health("1.0.0", "old"), health("0.9.0"), component("installed", "0.9.0"), { compared: "version" }],
+      // The running build has none, the installed one has an id.
+      [
+        health("1.0.0"),
+        health("1.0.0", "new"),
+        component("installed", "1.0.0", { build_id: "new" }),
+        { compared: "build_id" },
+      ],
+    ];
+    for (const [before, after, installed, expected] of cases) {
+      const url = await scripted((call, state) => {
+        if (call === "GET /api/healthcheck") return { status: 200, body: state.restarted ? after : before };
+        if (call === "GET /api/components") return { status: 200, body: { components: [installed] } };
+        if (call === "GET /metrics") return { status: 404, body: "not found" };
+        return undefined;
+      });
+      expect(await run(url), JSON.stringify(after)).toMatchObject({ outcome: "upgraded", ...expected });
+    }
+  });
+
   it("the restart gate: tasks in statuses an older shim loses block the restart; an old API blocks it whole", async () => {
     const gated = async (version: string, status: string): Promise<UpgradeResult> =>
       run(
