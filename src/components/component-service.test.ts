@@ -597,6 +597,29 @@ describe("ComponentService over a fake executor", () => {
       });
     });
 
+    it("a shutdown mid-download runs nothing more: a target changed meanwhile is reported as seen before, a removed one as not installed", async () => {
+      for (const change of ["rewrite", "remove"] as const) {
+        await put(runnerPath, script("1.0.0"));
+        const svc = make();
+        await svc.refresh();
+        const before = downloads;
+        svc.install("dstack-runner", `${baseUrl}/stall`, undefined);
+        await waitFor(() => downloads === before + 1, { what: "the download" });
+        if (change === "rewrite") await put(runnerPath, script("3.0.0"));
+        else await rm(runnerPath);
+        const ran = exec.runs.length;
+        shutdown.abort(new Error("shim shutting down"));
+        await svc.settle();
+        expect(exec.runs.length).toBe(ran);
+        expect(await entry(svc, "dstack-runner"), change).toEqual(
+          change === "rewrite"
+            ? { name: "dstack-runner", version: "1.0.0", status: "installed", error: "shim shutting down" }
+            : { name: "dstack-runner", version: "", status: "not-installed", error: "shim shutting down" },
+        );
+        shutdown = new AbortController();
+      }
+    });
+
     it("a download whose body stalls fails at the download deadline", async () => {
       await put(runnerPath, script("1.0.0"));
       const svc = make({ downloadTimeoutMs: 300 });
