@@ -110,6 +110,25 @@ describe("upgradeShim, step by step", () => {
     expect(new UpgradeError("x").name).toBe("UpgradeError");
   });
 
+  it("a shim that cannot be reached fails with nothing known", async () => {
+    const spare = await scripted(() => undefined);
+    await new Promise<void>((resolve) => servers.pop()?.close(() => resolve()));
+    const result = await run(spare);
+    expect(result).toEqual({
+      shim: spare,
+      outcome: "failed",
+      compared: null,
+      from: "",
+      fromBuildId: null,
+      to: "",
+      toBuildId: null,
+      tasksBefore: 0,
+      windowMs: null,
+      tasksKept: null,
+      error: expect.stringMatching(new RegExp(`^${spare}/api/healthcheck: .*ECONNREFUSED`)) as unknown,
+    });
+  });
+
   it("an install answered with another error than 409 fails the upgrade (not refused)", async () => {
     const url = await scripted((call) =>
       call === "POST /api/components/install" ? { status: 500, body: "disk full" } : undefined,

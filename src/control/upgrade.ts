@@ -81,6 +81,7 @@ async function until<T>(
       return undefined;
     });
     if (value !== undefined) return value;
+    // Stryker disable next-line EqualityOperator: a fractional monotonic clock is never read at the deadline exactly; the next poll ends the wait either way
     if (performance.now() > deadline) throw new UpgradeError(`${what}: not within ${timeoutMs} ms`);
     await sleep(pollMs);
   }
@@ -88,6 +89,7 @@ async function until<T>(
 
 /** The new process answered, but as the build that ran before: its supervisor rolled back. */
 class RolledBack extends Error {
+  // Stryker disable next-line StringLiteral: only told by instanceof and read by its message, never by its name
   override readonly name = "RolledBack";
 }
 
