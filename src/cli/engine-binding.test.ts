@@ -6,7 +6,7 @@ import { ConfigError } from "../config/shim-config.js";
 import type { EngineEndpoint } from "../docker/engine-endpoint.js";
 import type { EngineFingerprint } from "../docker/engine-fingerprint.js";
 import { loadEngineRecord, writeEngineRecord, type EngineRecord } from "../state/engine-record.js";
-import { checkEngineBinding, engineRecordOf } from "./engine-binding.js";
+import { checkEngineBinding, engineRecordOf, identifyEngine } from "./engine-binding.js";
 
 const DOCKER: EngineFingerprint = { kind: "docker", id: "2XPC:EZGC", rootDir: "/var/lib/docker" };
 const PODMAN: EngineFingerprint = { kind: "podman", id: "", rootDir: "/var/lib/containers/storage" };
@@ -82,5 +82,24 @@ describe("checkEngineBinding", () => {
       rootDir: PODMAN.rootDir,
       url: PODMAN_URL,
     });
+  });
+});
+
+describe("identifyEngine", () => {
+  it("asks a slow engine again until it says which it is", async () => {
+    let asked = 0;
+    const source = {
+      fingerprint: () =>
+        ++asked < 3 ? Promise.reject(new Error("version: deadline exceeded")) : Promise.resolve(DOCKER),
+    };
+    expect(await identifyEngine(source, new AbortController().signal, 5_000)).toEqual(DOCKER);
+    expect(asked).toBe(3);
+  });
+
+  it("gives up with the last failure once its time is spent", async () => {
+    const source = { fingerprint: () => Promise.reject(new Error("info: deadline exceeded")) };
+    await expect(identifyEngine(source, new AbortController().signal, 800)).rejects.toThrow(
+      "info: deadline exceeded",
+    );
   });
 });

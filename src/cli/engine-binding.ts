@@ -7,7 +7,13 @@
 import { ConfigError } from "../config/shim-config.js";
 import { DockerodeClient } from "../docker/dockerode-client.js";
 import type { EngineEndpoint } from "../docker/engine-endpoint.js";
-import { describeEngine, sameEngine, type EngineFingerprint } from "../docker/engine-fingerprint.js";
+import { setTimeout as sleep } from "node:timers/promises";
+import {
+  describeEngine,
+  sameEngine,
+  type EngineFingerprint,
+  type EngineFingerprintSource,
+} from "../docker/engine-fingerprint.js";
 import { errorMessage } from "../errors/error-message.js";
 import { writeEngineRecord, type EngineRecord } from "../state/engine-record.js";
 
@@ -93,4 +99,30 @@ async function liveOnRecordedEngine(record: EngineRecord, homeId: string): Promi
   }
   const containers = await docker.listTaskContainers();
   return containers.filter((c) => c.owner === homeId && c.state !== "exited" && c.state !== "dead").length;
+}
+
+/** How long a start keeps asking a slow engine which it is before it gives up. */
+export const IDENTIFY_WITHIN_MS = 30_000;
+const IDENTIFY_RETRY_MS = 500;
+
+/**
+ * The engine's fingerprint at the start, asked again (each ask under the adapter's own deadlines)
+ * until it answers or {@link IDENTIFY_WITHIN_MS} pass: an engine that answered the ping but is
+ * slow to say what it is (Podman under load takes seconds for `/version`) is waited for, not
+ * taken for an unreachable one. Throws the last failure, or the signal's reason.
+ */
+export async function identifyEngine(
+  source: EngineFingerprintSource,
+  signal: AbortSignal,
+  withinMs = IDENTIFY_WITHIN_MS,
+): Promise<EngineFingerprint> {
+  const started = performance.now();
+  for (;;) {
+    try {
+      return await source.fingerprint(signal);
+    } catch (error) {
+      if (signal.aborted || performance.now() - started + IDENTIFY_RETRY_MS > withinMs) throw error;
+    }
+    await sleep(IDENTIFY_RETRY_MS, undefined, { signal });
+  }
 }

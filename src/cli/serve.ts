@@ -33,7 +33,7 @@ import { HomeIdentityError, loadHomeIdentity } from "../state/home-identity.js";
 import { loadEngineRecord, writeEngineRecord } from "../state/engine-record.js";
 import { describeEngine } from "../docker/engine-fingerprint.js";
 import { EngineGuard, GuardedDockerClient } from "../runner/engine-guard.js";
-import { checkEngineBinding, engineRecordOf, recordedEngine } from "./engine-binding.js";
+import { checkEngineBinding, engineRecordOf, identifyEngine, recordedEngine } from "./engine-binding.js";
 import { HomeWatch } from "../state/home-watch.js";
 import { acquireHomeLock, type HomeLock } from "../state/home-lock.js";
 import { StorageHealth } from "../state/storage-health.js";
@@ -269,7 +269,7 @@ export async function startShim(
         const [gpus, , fingerprint] = await Promise.all([
           detecting,
           engine.detect(shutdownController.signal),
-          docker.fingerprint(shutdownController.signal).catch((error: unknown) => {
+          identifyEngine(docker, shutdownController.signal).catch((error: unknown) => {
             throw new StartupError(`cannot identify the engine at ${endpoint.url}: ${errorMessage(error)}`, {
               cause: error,
             });
