@@ -126,6 +126,18 @@ async function hostInfo(): Promise<Record<string, unknown>> {
   });
 }
 
+/** `ip -o addr`'s non-loopback addresses: all of them, and those of links other than containers' veths. */
+async function hostAddresses(): Promise<{ all: string[]; stable: string[] }> {
+  const { stdout } = await exec("ip", ["-o", "addr", "show"]);
+  const rows = [...stdout.matchAll(/^\d+: (\S+)\s+inet6? (\S+)/gm)]
+    .map((m) => ({ link: m[1] ?? "", address: m[2] ?? "" }))
+    .filter((r) => !r.address.startsWith("127.") && r.address !== "::1/128");
+  return {
+    all: rows.map((r) => r.address),
+    stable: rows.filter((r) => !r.link.startsWith("veth")).map((r) => r.address),
+  };
+}
+
 function task(id: string, command: string[]) {
   return { id, name: id, image_name: images.busybox, command };
 }
@@ -197,13 +209,11 @@ describe("deployed by a stock dstack server", () => {
       exec("nproc"),
       readFile("/proc/meminfo", "utf8"),
       exec("stat", ["-f", "-c", "%a %S", engineRoot.DockerRootDir]),
-      exec("ip", ["-o", "addr", "show"]),
+      hostAddresses(),
     ]);
     const [bavail = 0, bsize = 0] = statfs.stdout.trim().split(" ").map(Number);
     const memTotalKiB = Number(/^MemTotal:\s+(\d+) kB$/m.exec(meminfo)?.[1]);
-    const addresses = [...ipAddr.stdout.matchAll(/\binet6? (\S+)/g)]
-      .map((m) => m[1] ?? "")
-      .filter((a) => !a.startsWith("127.") && a !== "::1/128");
+
     expect(Object.keys(info).sort()).toEqual(
       [
         "addresses",
@@ -219,7 +229,12 @@ describe("deployed by a stock dstack server", () => {
     expect(info).toMatchObject({ gpu_vendor: "none", gpu_name: "", gpu_memory: 0, gpu_count: 0 });
     expect(info.cpus).toBe(Number(nproc.stdout.trim()));
     expect(info.memory).toBe(memTotalKiB * 1024);
-    expect([...(info.addresses as string[])].sort()).toEqual(addresses.sort());
+    // Other tests' containers come and go (their veth links): every other address, and nothing
+    // the host did not have around the read.
+    const addresses = info.addresses as string[];
+    expect(addresses).toEqual(expect.arrayContaining(ipAddr.stable));
+    const after = await hostAddresses();
+    for (const a of addresses) expect([...ipAddr.all, ...after.all]).toContain(a);
     // Other tests write to this disk meanwhile: within 256 MiB of statvfs now.
     expect(Math.abs((info.disk_size as number) - bavail * bsize)).toBeLessThan(256 * 2 ** 20);
     // dstack's host_info_to_instance_type: memory and disk in MiB, > 0.
@@ -238,9 +253,14 @@ describe("deployed by a stock dstack server", () => {
     const infoBefore = await readFile(join(paths.home, "host_info.json"), "utf8");
 
     await sshFleetDeploy();
-    // Written again (the server removed it), the same host: only the free disk space moves.
-    const { disk_size: _before, ...sameBefore } = JSON.parse(infoBefore) as Record<string, unknown>;
-    const { disk_size: _after, ...sameAfter } = await hostInfo();
+    // Written again (the server removed it), the same host: only the free disk space and the
+    // addresses of other tests' containers move.
+    const {
+      disk_size: _before,
+      addresses: _was,
+      ...sameBefore
+    } = JSON.parse(infoBefore) as Record<string, unknown>;
+    const { disk_size: _after, addresses: _is, ...sameAfter } = await hostInfo();
     expect(sameAfter).toEqual(sameBefore);
     const after = await shim.task(running);
     expect(after).toMatchObject({ status: "running", container_id: runningContainer });

@@ -80,7 +80,8 @@ async function quarantined(home: string): Promise<Map<string, { entry: string; r
   const root = join(home, "quarantine");
   const names = await readdir(root);
   const found = new Map<string, { entry: string; reason: string }>();
-  for (const entry of names.filter((n) => !n.endsWith(".note.json"))) {
+  // Entries only: not their notes, nor the sweep's own count (`.sweeps.json`).
+  for (const entry of names.filter((n) => /\.(task\.json|taskdir)$/.test(n))) {
     const stem = entry.replace(/\.(task\.json|taskdir)$/, "");
     const note = JSON.parse(await readFile(join(root, `${stem}.note.json`), "utf8")) as { reason: string };
     found.set(stem.replace(/\.\d+$/, ""), { entry, reason: note.reason });
