@@ -5,6 +5,7 @@
  * releases the home lock and exits 0, the containers untouched. This module is kept small: the
  * command line loads it before the server's dependencies.
  */
+import { untilAborted } from "../exec/until-aborted.js";
 
 /** The start was interrupted by a signal before the shim served: a clean stop, not a failure. */
 export class StartInterruptedError extends Error {
@@ -23,24 +24,5 @@ export class StartInterruptedError extends Error {
  * start does is built to be cut at any point. Without a signal it is `work` itself.
  */
 export function unlessInterrupted<T>(work: Promise<T>, signal: AbortSignal | undefined): Promise<T> {
-  if (signal === undefined) return work;
-  if (signal.aborted) {
-    work.catch(() => undefined);
-    return Promise.reject(signal.reason as Error);
-  }
-  return new Promise<T>((resolve, reject) => {
-    const onAbort = (): void => reject(signal.reason as Error);
-    signal.addEventListener("abort", onAbort, { once: true });
-    work.then(
-      (value) => {
-        signal.removeEventListener("abort", onAbort);
-        resolve(value);
-      },
-      // The work's own failure, passed on as it is (an Error, as every rejection here).
-      (error: Error) => {
-        signal.removeEventListener("abort", onAbort);
-        reject(error);
-      },
-    );
-  });
+  return signal === undefined ? work : untilAborted(work, signal);
 }

@@ -1,3 +1,4 @@
+import { untilAborted } from "../exec/until-aborted.js";
 import { createHash } from "node:crypto";
 import { constants, type Stats } from "node:fs";
 import { open, stat, type FileHandle } from "node:fs/promises";
@@ -237,20 +238,4 @@ function fileKind(
   if (stats.isDirectory()) return "a directory";
   if (stats.isSocket()) return "a socket";
   return "not a file";
-}
-
-/**
- * `work`, or the signal's abort as soon as it comes: the caller stops waiting for an operation
- * that may never settle (the operation itself is left to settle on its own).
- */
-function untilAborted<T>(work: Promise<T>, signal: AbortSignal): Promise<T> {
-  if (signal.aborted) {
-    work.catch(() => undefined);
-    return Promise.reject(signal.reason as Error);
-  }
-  return new Promise<T>((resolve, reject) => {
-    const onAbort = (): void => reject(signal.reason as Error);
-    signal.addEventListener("abort", onAbort, { once: true });
-    work.finally(() => signal.removeEventListener("abort", onAbort)).then(resolve, reject);
-  });
 }
