@@ -23,9 +23,6 @@ export const EVENT_STREAM_LIMITS: EventStreamLimits = {
   stallMs: 10_000,
 };
 
-/** The largest `--max-event-streams`: 100 connections always stay for the rest of the API. */
-export const MAX_EVENT_STREAMS_CEILING = 900;
-
 /**
  * How long changes gather before they are written: one write per stream carries every change of
  * this window (the fan-out's cost is a write per stream, whatever it carries).

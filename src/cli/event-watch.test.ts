@@ -1,5 +1,6 @@
 import { afterEach, describe, expect, it } from "vitest";
-import { EVENT_STREAM_LIMITS, MAX_EVENT_STREAMS_CEILING } from "../api/event-streams.js";
+import { EVENT_STREAM_LIMITS } from "../api/event-streams.js";
+import { HTTP_LIMITS } from "../api/server.js";
 import { DEFAULT_EVENT_STREAMS, MAX_EVENT_STREAMS } from "../config/shim-config.js";
 import { ShimClient } from "../control/shim-client.js";
 import { newTask } from "../tasks/task.js";
@@ -68,6 +69,6 @@ describe("tasks watch with thousands of tasks", () => {
 
   it("--max-event-streams defaults to the streams' own limit and stops where 100 connections stay free", () => {
     expect(DEFAULT_EVENT_STREAMS).toBe(EVENT_STREAM_LIMITS.maxStreams);
-    expect(MAX_EVENT_STREAMS).toBe(MAX_EVENT_STREAMS_CEILING);
+    expect(MAX_EVENT_STREAMS).toBe(HTTP_LIMITS.maxConnections - 100);
   });
 });
