@@ -6,7 +6,6 @@ import { mkdtemp, readFile, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
-import { parseCleanupEvidence } from "./cleanup-evidence.js";
 import { OperationBound } from "./operation-bound.js";
 import {
   BoundedCommandRunner,
@@ -459,7 +458,23 @@ describe("cleanup evidence from a real kill", () => {
     });
     const { cleanup } = expectKind(outcome, "expired");
     expect(cleanup).not.toBeNull();
-    expect(parseCleanupEvidence(JSON.stringify(cleanup))).toEqual(cleanup);
+    expect(JSON.parse(JSON.stringify(cleanup))).toEqual(cleanup);
+    // Exactly the evidence's fields, each of its type: nothing a log or a report could not carry.
+    expect(Object.keys(cleanup ?? {}).sort()).toEqual([
+      "elapsed_ms",
+      "error",
+      "io_drain_grace_ms",
+      "kill_attempted",
+      "reap_grace_ms",
+      "trigger",
+      "verified",
+    ]);
+    expect(cleanup).toMatchObject({ trigger: "deadline", kill_attempted: true });
+    for (const ms of [cleanup?.elapsed_ms, cleanup?.reap_grace_ms, cleanup?.io_drain_grace_ms]) {
+      expect(Number.isInteger(ms) && (ms ?? -1) >= 0, String(ms)).toBe(true);
+    }
+    expect(typeof cleanup?.verified).toBe("boolean");
+    expect(cleanup?.error === null || typeof cleanup?.error === "string").toBe(true);
   });
 });
 

@@ -1,6 +1,12 @@
 import { spawn, type ChildProcess, type SpawnOptions, type StdioOptions } from "node:child_process";
-import { finished, type Readable, type Writable } from "node:stream";
-import type { CleanupEvidence, CleanupTrigger } from "./cleanup-evidence.js";
+import { after, ChildWatch } from "./child-watch.js";
+import {
+  killAndReap,
+  type CleanupEvidence,
+  type CleanupGraces,
+  type CleanupTrigger,
+  type KillResult,
+} from "./cleanup-evidence.js";
 import { OperationBound } from "./operation-bound.js";
 import { errorMessage } from "../errors/error-message.js";
 
@@ -27,12 +33,6 @@ export interface CommandRequest {
   /** Whether an operator interruption (SIGINT/SIGTERM to the shim) kills this command. Default true. */
   readonly interruptible?: boolean;
 }
-
-/**
- * The result of a kill-and-reap. `ok` means all of it: the group was signalled, its leader reaped
- * within the reap grace, and every pipe finished within the drain grace.
- */
-export type KillResult = { readonly ok: true } | { readonly ok: false; readonly error: string };
 
 /** A bounded invocation that reached an observable end. */
 export type BoundedOutcome =
@@ -107,114 +107,6 @@ export interface BoundedRunnerOptions {
   readonly spawn?: SpawnFn;
 }
 
-/** A bounded output collector: keeps the first `cap` bytes, drains the rest. */
-class Collector {
-  private readonly chunks: Buffer[] = [];
-  private size = 0;
-  constructor(private readonly cap: number) {}
-  push(chunk: Buffer): void {
-    // Stryker disable next-line ConditionalExpression,EqualityOperator: a full collector has room 0 and keeps an empty slice.
-    if (this.size >= this.cap) return;
-    const room = this.cap - this.size;
-    // Stryker disable next-line ConditionalExpression,EqualityOperator: a slice of room bytes of a chunk no longer than room is the chunk.
-    const kept = chunk.length > room ? chunk.subarray(0, room) : chunk;
-    this.chunks.push(kept);
-    this.size += kept.length;
-  }
-  take(): Buffer {
-    return Buffer.concat(this.chunks, this.size);
-  }
-}
-
-function after(ms: number): { promise: Promise<"timeout">; cancel: () => void } {
-  let timer: NodeJS.Timeout | undefined;
-  const promise = new Promise<"timeout">((resolve) => {
-    timer = setTimeout(() => resolve("timeout"), ms);
-  });
-  return { promise, cancel: () => clearTimeout(timer) };
-}
-
-type PipeName = "stdin" | "stdout" | "stderr";
-
-/** One pipe of the child: settled when it ended, with its error if it failed. */
-interface PipeEnd {
-  readonly name: PipeName;
-  readonly ended: Promise<void>;
-  error: Error | null;
-}
-
-/** Everything observed about one child: its exit, a failure to wait for it, and each pipe's end. */
-class ChildWatch {
-  readonly exited: Promise<{ code: number | null; signal: NodeJS.Signals | null }>;
-  /** An `error` event after a successful spawn: Node could not wait for or signal the child. */
-  readonly waitFailed: Promise<Error>;
-  reaped = false;
-  readonly stdout = new Collector(COMMAND_OUTPUT_CAP_BYTES);
-  readonly stderr = new Collector(COMMAND_OUTPUT_CAP_BYTES);
-  private readonly pipes: PipeEnd[] = [];
-
-  constructor(
-    readonly child: ChildProcess,
-    stdin: string | Buffer | undefined,
-  ) {
-    this.exited = new Promise((resolve) =>
-      child.once("exit", (code, signal) => {
-        this.reaped = true;
-        resolve({ code, signal });
-      }),
-    );
-    this.waitFailed = new Promise((resolve) => child.on("error", resolve));
-    if (stdin !== undefined && child.stdin) {
-      const pipe = this.watch("stdin", child.stdin, { readable: false });
-      // Never awaited on its own: the write settles by itself, an EPIPE included.
-      pipe.end(stdin);
-    }
-    if (child.stdout) this.watchOutput("stdout", child.stdout, this.stdout);
-    if (child.stderr) this.watchOutput("stderr", child.stderr, this.stderr);
-  }
-
-  private watch<S extends Readable | Writable>(
-    name: PipeName,
-    stream: S,
-    options: { readonly readable?: false; readonly writable?: false },
-  ): S {
-    const end: { -readonly [K in keyof PipeEnd]: PipeEnd[K] } = {
-      name,
-      ended: Promise.resolve(),
-      error: null,
-    };
-    end.ended = new Promise((resolve) =>
-      finished(stream, options, (error) => {
-        end.error = error ?? null;
-        resolve();
-      }),
-    );
-    this.pipes.push(end);
-    return stream;
-  }
-
-  private watchOutput(name: PipeName, stream: Readable, into: Collector): void {
-    this.watch(name, stream, { writable: false }).on("data", (chunk: Buffer) => into.push(chunk));
-  }
-
-  /** Settles once every pipe has ended: EOF or error on the outputs, the write done on stdin. */
-  ioFinished(): Promise<"io-finished"> {
-    return Promise.all(this.pipes.map((p) => p.ended)).then(() => "io-finished" as const);
-  }
-
-  /** The error a pipe ended with, once it ended. */
-  errorOf(name: PipeName): Error | null {
-    return this.pipes.find((p) => p.name === name)?.error ?? null;
-  }
-
-  /** Stops reading and writing, once a cleanup gave up waiting for the pipes. */
-  abandonPipes(): void {
-    this.child.stdin?.destroy();
-    this.child.stdout?.destroy();
-    this.child.stderr?.destroy();
-  }
-}
-
 /** What ended a wait: the awaited event, the bound, or an interruption. */
 type Ending<T> =
   | { readonly type: "done"; readonly value: T }
@@ -234,8 +126,7 @@ type Ending<T> =
  * verifies the reap, or reports what the cleanup saw.
  */
 export class BoundedCommandRunner implements CommandRunner {
-  private readonly reapMs: number;
-  private readonly drainMs: number;
+  private readonly graces: CleanupGraces;
   private readonly spawn: SpawnFn;
 
   constructor(
@@ -243,8 +134,10 @@ export class BoundedCommandRunner implements CommandRunner {
     private readonly interruption?: AbortSignal,
     options: BoundedRunnerOptions = {},
   ) {
-    this.reapMs = options.reapMs ?? COMMAND_REAP_GRACE_MS;
-    this.drainMs = options.drainMs ?? COMMAND_IO_DRAIN_GRACE_MS;
+    this.graces = {
+      reapMs: options.reapMs ?? COMMAND_REAP_GRACE_MS,
+      drainMs: options.drainMs ?? COMMAND_IO_DRAIN_GRACE_MS,
+    };
     this.spawn = options.spawn ?? ((program, args, opts) => spawn(program, args, opts));
   }
 
@@ -259,7 +152,7 @@ export class BoundedCommandRunner implements CommandRunner {
       throw new CommandLaunchError("external command argv is empty");
     }
     const child = await this.launch(program, args, request);
-    const watch = new ChildWatch(child, request.stdin);
+    const watch = new ChildWatch(child, request.stdin, COMMAND_OUTPUT_CAP_BYTES);
 
     // One timer for the whole attempt: it keeps running while the pipes drain after the exit.
     const deadline = remaining === undefined ? undefined : after(remaining);
@@ -353,7 +246,7 @@ export class BoundedCommandRunner implements CommandRunner {
         : ending.type === "interruption"
           ? "interruption"
           : "wait_failure";
-    const { kill, cleanup } = await this.terminateGroupAndFinishIo(watch, trigger);
+    const { kill, cleanup } = await killAndReap(watch, this.graces, trigger);
     switch (ending.type) {
       case "deadline":
         return { kind: "expired", kill, operationElapsedMs, cleanup };
@@ -367,75 +260,6 @@ export class BoundedCommandRunner implements CommandRunner {
           { cause: ending.error },
         );
     }
-  }
-
-  /**
-   * SIGKILLs the group, waits for its leader to be reaped, then for every pipe to finish. The
-   * kill is `ok` only when all three happened; a stdin write that failed because the group died
-   * still counts as finished (its result belongs to the operation, not to the cleanup).
-   */
-  private async terminateGroupAndFinishIo(
-    watch: ChildWatch,
-    trigger: CleanupTrigger,
-  ): Promise<{ kill: KillResult; cleanup: CleanupEvidence }> {
-    const started = performance.now();
-    const error = await this.terminate(watch);
-    const kill: KillResult = error === null ? { ok: true } : { ok: false, error };
-    return {
-      kill,
-      cleanup: {
-        trigger,
-        elapsed_ms: Math.round(performance.now() - started),
-        reap_grace_ms: this.reapMs,
-        io_drain_grace_ms: this.drainMs,
-        kill_attempted: true,
-        verified: kill.ok,
-        error,
-      },
-    };
-  }
-
-  /** The cleanup's steps; null when all of them succeeded, else what failed. */
-  private async terminate(watch: ChildWatch): Promise<string | null> {
-    const signalled = signalGroup(watch);
-    if (signalled !== null) {
-      watch.abandonPipes();
-      return signalled;
-    }
-    const reap = after(this.reapMs);
-    const reaped = await Promise.race([watch.exited.then(() => "reaped" as const), reap.promise]);
-    reap.cancel();
-    if (reaped !== "reaped") {
-      watch.abandonPipes();
-      return `command child did not reap within ${this.reapMs} ms`;
-    }
-    const drain = after(this.drainMs);
-    const drained = await Promise.race([watch.ioFinished(), drain.promise]);
-    drain.cancel();
-    if (drained !== "io-finished") {
-      watch.abandonPipes();
-      return `command I/O did not drain within ${this.drainMs} ms after termination`;
-    }
-    return null;
-  }
-}
-
-/**
- * SIGKILLs the child's process group; if that fails while the child still runs, the child alone.
- * Returns null once a signal was delivered (or nothing was left to signal), else the error.
- */
-function signalGroup(watch: ChildWatch): string | null {
-  const pid = watch.child.pid;
-  if (pid === undefined) return "child process has no pid";
-  try {
-    // A negative pid addresses the whole process group the child leads (spawned detached).
-    process.kill(-pid, "SIGKILL");
-    return null;
-  } catch (groupError) {
-    // ESRCH with the leader reaped: the group is gone, which is what we wanted.
-    if (watch.reaped) return null;
-    if (watch.child.kill("SIGKILL")) return null;
-    return `cannot signal process group ${pid} (${String(groupError)}) nor the child`;
   }
 }
 
