@@ -8,15 +8,8 @@ import type { AddressInfo } from "node:net";
 import { afterEach, describe, expect, it } from "vitest";
 import type { BoundedOutcome, CommandRequest, CommandRunner } from "../exec/run-bounded.js";
 import { EXPIRED, INTERRUPTED } from "../testing/fake-command-runner.js";
-import {
-  fence,
-  FENCE_DEFAULT_DEADLINE_MS,
-  FenceRequestError,
-  LISTING_FORMAT,
-  ListingError,
-  parseContainerListing,
-  type FenceRequest,
-} from "./fence.js";
+import { fence, FENCE_DEFAULT_DEADLINE_MS, FenceRequestError, type FenceRequest } from "./fence.js";
+import { LISTING_FORMAT, ListingError, parseContainerListing } from "./fence-cli.js";
 
 const ID1 = "1".repeat(64);
 const ID2 = "a".repeat(64);
