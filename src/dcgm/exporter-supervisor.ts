@@ -1,15 +1,16 @@
 import { spawn, type ChildProcess } from "node:child_process";
+import { setTimeout as sleep } from "node:timers/promises";
 import { mkdtemp, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { setTimeout as sleep } from "node:timers/promises";
 import { errorMessage } from "../errors/error-message.js";
+import { untilAborted } from "../exec/until-aborted.js";
 import { countersCsv } from "./exporter-counters.js";
+import { EXPORTER_WRAPPER, groupGone, readCapped, signalGroup, Tail } from "./exporter-process.js";
 import { ExporterUnavailableError, MetricsFetchError, type TaskMetricsSource } from "./ports.js";
 import {
   describeCleanupFailure,
   killStaleExporters,
-  liveMembers,
   removeExporterRecord,
   writeExporterRecord,
   type ProcessTable,
@@ -62,30 +63,6 @@ export const EXPORTER_TIMINGS: ExporterTimings = {
 /** The largest `/metrics` answer read (a host of 8 GPUs answers ~100 KiB). */
 export const EXPOSITION_CAP_BYTES = 32 * 1024 * 1024;
 
-/**
- * The wrapper: runs the exporter ("$@") in the background, and SIGTERMs it when its own stdin (a
- * pipe from the shim) ends, which is when the shim exits or dies, or when the wrapper itself gets
- * SIGTERM (the stop). It waits until the exporter has really exited (a trapped signal interrupts
- * `wait`), so the exporter stays its child and is reaped, and exits with its status. fd 3 keeps the
- * pipe: an asynchronous list's stdin is /dev/null in a non-interactive sh.
- */
-export const EXPORTER_WRAPPER = [
-  "exec 3<&0",
-  '"$@" 3<&- </dev/null &',
-  "child=$!",
-  `trap 'kill -TERM "$child" 2>/dev/null' TERM INT HUP`,
-  '( read -r _ <&3; kill -TERM "$child" 2>/dev/null ) &',
-  "watcher=$!",
-  "exec 3<&-",
-  "status=0",
-  "while :; do",
-  '  wait "$child"; status=$?',
-  '  kill -0 "$child" 2>/dev/null || break',
-  "done",
-  'kill "$watcher" 2>/dev/null',
-  'exit "$status"',
-].join("\n");
-
 /** Where the supervisor stands. */
 export type ExporterState =
   | { readonly kind: "idle" }
@@ -112,24 +89,6 @@ export interface ExporterOptions {
   readonly versionCheck?: () => Promise<string>;
   /** The process table the stale cleanup reads (tests). */
   readonly processTable?: ProcessTable;
-}
-
-/** Keeps the last bytes of a stream: the exporter's last words when it dies. */
-class Tail {
-  private text = "";
-  constructor(private readonly max: number) {}
-  push(chunk: Buffer): void {
-    this.text = (this.text + chunk.toString("utf8")).slice(-this.max);
-  }
-  lastLine(): string {
-    return (
-      this.text
-        .split("\n")
-        .map((l) => l.trim())
-        .filter(Boolean)
-        .at(-1) ?? ""
-    );
-  }
 }
 
 /** One running wrapper and its exporter. */
@@ -237,7 +196,8 @@ export class ExporterSupervisor implements TaskMetricsSource {
           const since = performance.now();
           this.current = { kind: "serving", pid: running.pid, since };
           log("info", { pid: running.pid, port: this.options.port, attempt }, "DCGM Exporter serving");
-          const end = await untilAborted(running.exited, shutdown);
+          // `exited` never rejects: a rejection here can only be the shutdown's abort.
+          const end = await untilAborted(running.exited, shutdown).catch(() => "aborted" as const);
           if (end === "aborted") {
             await this.stop(running);
             return;
@@ -382,9 +342,9 @@ export class ExporterSupervisor implements TaskMetricsSource {
     if (this.cached && performance.now() - this.cached.at < this.options.intervalMs) return this.cached.text;
     this.inFlight ??= this.fetchOnce().finally(() => (this.inFlight = undefined));
     // A caller that goes away stops waiting; the fetch goes on for the others.
-    const answer = await untilAborted(this.inFlight, signal);
-    if (answer === "aborted") throw new MetricsFetchError("the request was cancelled");
-    return answer;
+    return untilAborted(this.inFlight, signal).catch((error: unknown) => {
+      throw signal.aborted ? new MetricsFetchError("the request was cancelled", { cause: error }) : error;
+    });
   }
 
   private async fetchOnce(): Promise<string> {
@@ -405,58 +365,4 @@ export class ExporterSupervisor implements TaskMetricsSource {
     this.cached = { at: startedAt, text };
     return text;
   }
-}
-
-/** Signals a process group; a group already gone is fine. */
-function signalGroup(pgid: number, signal: NodeJS.Signals | 0): boolean {
-  try {
-    process.kill(-pgid, signal);
-    return true;
-  } catch {
-    return false;
-  }
-}
-
-/**
- * Waits until no live process of the group is left, up to `ms`. A zombie is not live: one whose
- * parent died is reparented, and an init that does not reap (a container's) would keep it forever.
- */
-async function groupGone(pgid: number, ms: number): Promise<boolean> {
-  const deadline = performance.now() + ms;
-  while (signalGroup(pgid, 0) && (await liveMembers(pgid)).length > 0) {
-    if (performance.now() >= deadline) return false;
-    await sleep(50);
-  }
-  return true;
-}
-
-/**
- * `work`'s outcome, or "aborted" as soon as `signal` aborts; the abort listener is removed once
- * either settles (the shutdown signal lives as long as the shim, across every restart).
- */
-async function untilAborted<T>(work: Promise<T>, signal: AbortSignal): Promise<T | "aborted"> {
-  if (signal.aborted) return "aborted";
-  let onAbort = (): void => undefined;
-  const abort = new Promise<"aborted">((resolve) => {
-    onAbort = () => resolve("aborted");
-    signal.addEventListener("abort", onAbort, { once: true });
-  });
-  try {
-    return await Promise.race([work, abort]);
-  } finally {
-    signal.removeEventListener("abort", onAbort);
-  }
-}
-
-async function readCapped(response: Response, cap: number): Promise<string> {
-  if (response.body === null) return "";
-  const chunks: Uint8Array[] = [];
-  let size = 0;
-  // Leaving the loop early (the throw) cancels the stream.
-  for await (const chunk of response.body as AsyncIterable<Uint8Array>) {
-    size += chunk.byteLength;
-    if (size > cap) throw new Error(`the answer is larger than ${cap} bytes`);
-    chunks.push(chunk);
-  }
-  return Buffer.concat(chunks).toString("utf8");
 }

@@ -10,7 +10,7 @@ import { errorMessage } from "../errors/error-message.js";
  *
  * Node has no PR_SET_PDEATHSIG, so two mechanisms, each covering the other's gap:
  *
- * 1. The exporter runs under a tiny `sh` wrapper (exporter-supervisor.ts, EXPORTER_WRAPPER) whose
+ * 1. The exporter runs under a tiny `sh` wrapper (exporter-process.ts, EXPORTER_WRAPPER) whose
  *    stdin is a pipe from the shim. The shim never writes to it; when the shim dies, even by
  *    SIGKILL, the kernel closes the pipe's write end, the wrapper's `read` returns, and it
  *    SIGTERMs the exporter. That is prompt, needs no polling, and works when no shim starts again.
