@@ -14,15 +14,25 @@ import { checkStillWanted, StartStepError } from "./start-errors.js";
 import type { TaskCommits } from "./task-commits.js";
 
 /**
- * The last steps of a start: creates (or adopts) the container and starts it, then commits
- * `running`, holding the task lock so a terminate either comes before (nothing is created) or
- * after (it sees the container).
+ * The last steps of a start, for the task as its `creating` step left it: creates (or adopts)
+ * the container and starts it, then commits `running`, holding the task lock so a terminate
+ * either comes before (nothing is created) or after (it sees the container). Returns the task
+ * as `running` left it.
  */
-export async function createAndStart(ctx: RunnerContext, commits: TaskCommits, id: string): Promise<void> {
+export async function createAndStart(
+  ctx: RunnerContext,
+  commits: TaskCommits,
+  creating: Task,
+): Promise<Task> {
   const { docker, store, log } = ctx;
-  await store.withLock(id, async () => {
+  const { id } = creating;
+  return store.withLock(id, async () => {
+    // Read again under the lock, not taken from the snapshot: a terminate that took the lock
+    // first must stop the start before anything is created. Nothing else the create reads
+    // (config, dir, GPU ids, container id) changes while the start is in flight, so the
+    // snapshot is handed on for those.
     checkStillWanted(store, id);
-    let task = store.mustGet(id);
+    let task = creating;
     // A task that never recorded a container is not looked up first: if a start cut by a
     // restart did create one, the create below answers 409 and that container is adopted.
     const existing = task.containerId !== undefined ? await findOwnContainer(ctx, task) : undefined;
@@ -57,7 +67,7 @@ export async function createAndStart(ctx: RunnerContext, commits: TaskCommits, i
     }
     // Written with `running` below, not now: a restart before that finds the container by name
     // (a create answering 409 adopts it), so a write here would only lengthen the start.
-    task = store.modify(id, (d) => (d.containerId = containerId));
+    task = commits.inMemoryOnly(id, (d) => (d.containerId = containerId));
     try {
       if (needsStart) {
         try {
@@ -65,8 +75,8 @@ export async function createAndStart(ctx: RunnerContext, commits: TaskCommits, i
         } catch (cause) {
           if (!needsDisplayRetry(ctx, task, cause)) throw cause;
           noteDisplayRetry(ctx, task, cause);
-          containerId = await replaceWithoutDisplay(ctx, task, containerId);
-          task = store.modify(id, (d) => (d.containerId = containerId));
+          containerId = await replaceWithoutDisplay(ctx, commits, task, containerId);
+          task = commits.inMemoryOnly(id, (d) => (d.containerId = containerId));
           await docker.startContainer(containerId);
         }
         startedAt = Date.now();
@@ -88,7 +98,7 @@ export async function createAndStart(ctx: RunnerContext, commits: TaskCommits, i
     }
     // Visible once durable: a kill right after a read said `running` must not bring the task
     // back as `creating`, whose resumed start would re-create a container removed meanwhile.
-    await commits.commitVisibleWhenDurable(id, (d) => {
+    const running = await commits.commitVisibleWhenDurable(id, (d) => {
       d.ports = ports;
       d.startInFlight = false;
       if (startedAt !== undefined) d.startedAt = startedAt;
@@ -96,6 +106,7 @@ export async function createAndStart(ctx: RunnerContext, commits: TaskCommits, i
     });
     ctx.observer?.taskStarted();
     log.info({ taskId: id, containerId }, "task running");
+    return running;
   });
 }
 
@@ -120,14 +131,19 @@ async function createContainer(ctx: RunnerContext, task: Task): Promise<string> 
  *
  * @throws DisplayRetryError when the removal or the new create fails (its cause says why).
  */
-async function replaceWithoutDisplay(ctx: RunnerContext, task: Task, containerId: string): Promise<string> {
+async function replaceWithoutDisplay(
+  ctx: RunnerContext,
+  commits: TaskCommits,
+  task: Task,
+  containerId: string,
+): Promise<string> {
   try {
     await ctx.docker.removeContainer(containerId);
   } catch (cause) {
     throw new DisplayRetryError(`remove container before retry: ${errorMessage(cause)}`, { cause });
   }
   // Until the new one exists the task names no container: a release then has nothing to stop.
-  ctx.store.modify(task.id, (d) => {
+  commits.inMemoryOnly(task.id, (d) => {
     delete d.containerId;
   });
   try {

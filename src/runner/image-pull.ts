@@ -15,6 +15,7 @@ import { failpoint } from "./failpoints.js";
 import { readRegistryAuth } from "./registry-auth-file.js";
 import { IMAGE_PULL_TIMEOUT_MS, type RunnerContext } from "./runner-context.js";
 import { StartAbandoned, startStep, StartStepError } from "./start-errors.js";
+import type { TaskCommits } from "./task-commits.js";
 
 /**
  * The pull step of a start, and the pulls in flight: a terminate cancels its task's pull, the
@@ -25,7 +26,10 @@ export class ImagePulls {
   /** Image checks in flight, by reference: a burst of submits of one image asks the engine once. */
   private readonly imageChecks = new Map<string, Promise<boolean>>();
 
-  constructor(private readonly ctx: RunnerContext) {}
+  constructor(
+    private readonly ctx: RunnerContext,
+    private readonly commits: TaskCommits,
+  ) {}
 
   /** Cancels the task's pull in flight, if any. */
   cancel(id: string, reason: Error): void {
@@ -38,12 +42,13 @@ export class ImagePulls {
   }
 
   /**
-   * Pulls the task's image, unless a pinned one is present, bounded by the pull timeout and
-   * cancelled by the shutdown or a terminate. The raw progress goes to `pull.log` in the task dir.
+   * Pulls the image of the task (as the start's `pulling` step left it), unless a pinned one is
+   * present, bounded by the pull timeout and cancelled by the shutdown or a terminate. The raw
+   * progress goes to `pull.log` in the task dir.
    */
-  async pull(id: string): Promise<void> {
+  async pull(task: Task): Promise<void> {
     const { docker, store, log } = this.ctx;
-    const task = store.mustGet(id);
+    const { id } = task;
     const request = await startStep("creating_container_error", "pullImage", () => this.pullRequest(task));
     if (request === undefined) return;
     const { pullRef, auth } = request;
@@ -54,7 +59,9 @@ export class ImagePulls {
     const onAbort = (): void => controller.abort(bounded.signal.reason);
     // Stryker disable next-line ObjectLiteral,BooleanLiteral: an AbortSignal fires "abort" once at most
     bounded.signal.addEventListener("abort", onAbort, { once: true });
-    // A shutdown or terminate may have landed before the controller was registered.
+    // A shutdown or terminate may have landed before the controller was registered: the task
+    // is read again here, not taken from the snapshot, since a terminate cancels only a pull it
+    // can see.
     if (bounded.signal.aborted) onAbort();
     if ((store.get(id)?.status ?? "terminated") === "terminated")
       controller.abort(new Error("task terminated"));
@@ -76,12 +83,12 @@ export class ImagePulls {
           if (now - lastUpdate >= 100) {
             lastUpdate = now;
             const progress = tracker.progress();
-            if (progress && store.get(id)) store.modify(id, (d) => (d.pullProgress = progress));
+            if (progress && store.get(id)) this.commits.inMemoryOnly(id, (d) => (d.pullProgress = progress));
           }
         },
       });
       const pulled = tracker.progress();
-      if (pulled && store.get(id)) store.modify(id, (d) => (d.pullProgress = pulled));
+      if (pulled && store.get(id)) this.commits.inMemoryOnly(id, (d) => (d.pullProgress = pulled));
       if (pulled) this.ctx.observer?.pulledBytes(pulled.downloaded_bytes);
       log.info({ taskId: id, image: pullRef }, "image pulled");
     } catch (cause) {

@@ -42,7 +42,7 @@ export interface Recovery {
 export async function recover({ ctx, runner, reconciler }: RecoveryParts): Promise<Recovery> {
   const report = await restoreTasks(ctx);
   // (On a degraded home they stay not yet durable and are written once it takes writes.)
-  for (const id of report.changed) await runner.persister.persist(id).catch(() => undefined);
+  for (const id of report.changed) await runner.writeRestored(id);
   await reconciler.tick(report.listed);
   await runner.reconcileHostKeys().catch((error: unknown) => {
     ctx.log.error({ err: error }, "host keys reconcile at startup failed");

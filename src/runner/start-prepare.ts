@@ -1,4 +1,5 @@
 import { VolumePrepareInterruptedError } from "../host/volumes.js";
+import type { Task } from "../tasks/task.js";
 import { failpoint } from "./failpoints.js";
 import type { RunnerContext } from "./runner-context.js";
 import { checkStillWanted, StartAbandoned, startStep, StartStepError } from "./start-errors.js";
@@ -7,17 +8,18 @@ import { failureOfUser, reconcileHostKeys } from "./task-host-keys.js";
 
 /**
  * The first step of a start, on the host: the task's GPUs, its users' host keys, its volumes and
- * instance mounts. Each part is idempotent (GPUs already held are kept), so a start cut by a
+ * instance mounts, for the task as the start's `preparing` step left it. Each part is idempotent (GPUs already held are kept), so a start cut by a
  * restart prepares again.
  */
-export async function prepareTask(ctx: RunnerContext, commits: TaskCommits, id: string): Promise<void> {
+export async function prepareTask(ctx: RunnerContext, commits: TaskCommits, task: Task): Promise<void> {
   const { gpuLock, volumes } = ctx;
-  const task = ctx.store.mustGet(id);
-  const config = task.config;
+  const { id, config } = task;
   if (config.gpu !== 0 && task.gpuIds.length === 0) {
     const ids = await startStep("executor_error", undefined, () => gpuLock.acquire(config.gpu));
     await failpoint("after-gpu-acquire");
-    // Committed at once, so a concurrent terminate or a failure releases exactly these.
+    // Committed at once, so a concurrent terminate or a failure releases exactly these. The
+    // task is read again first, not taken from the snapshot: a terminate that landed during the
+    // acquire ends the start here, and these GPUs go back to the lock.
     try {
       checkStillWanted(ctx.store, id);
       await commits.commit(id, (d) => (d.gpuIds = ids));

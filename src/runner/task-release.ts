@@ -8,15 +8,16 @@ import { reconcileHostKeys } from "./task-host-keys.js";
 /**
  * Releases everything a task holds — volumes, host keys, GPUs — exactly once. The caller
  * holds the task lock and the container must not be running. `cleanedUp` is set in memory
- * first (so the task's keys leave the reconciled set) and persisted only after the release:
- * a crash in between re-runs the release, and each step is a no-op the second time.
+ * first (so the task's keys leave the reconciled set) and persisted only after the release
+ * (`TaskCommits.markCleanedUp`): a crash in between re-runs the release, and each step is a
+ * no-op the second time.
  */
 export async function releaseTask(ctx: RunnerContext, commits: TaskCommits, id: string): Promise<void> {
   const { store, volumes, gpuLock, log } = ctx;
   const task = store.get(id);
   // A held task is read-only: its cleanup inputs are not ours to act on.
   if (!task || task.cleanedUp || task.held !== undefined) return;
-  store.modify(id, (d) => (d.cleanedUp = true));
+  commits.markCleanedUp(id);
   const problems: string[] = [];
   await deleteRegistryAuth(task.taskDir);
   await volumes.unmountVolumes(task.config.volumes).catch((e: unknown) => problems.push(errorMessage(e)));

@@ -36,7 +36,7 @@ export class TaskRunner {
   constructor(private readonly ctx: RunnerContext) {
     this.commits = new TaskCommits(ctx);
     this.persister = this.commits.persister;
-    this.pulls = new ImagePulls(ctx);
+    this.pulls = new ImagePulls(ctx, this.commits);
     // Through `release` below, as the reconciler's releases go: one path for every release.
     const release = (id: string): Promise<void> => this.release(id);
     this.starts = new TaskStarts(ctx, this.commits, this.pulls, release);
@@ -52,6 +52,11 @@ export class TaskRunner {
   /** A commit visible only once durable ({@link TaskCommits.commitVisibleWhenDurable}). */
   commitVisibleWhenDurable(id: string, fn: TaskChange): Promise<Task> {
     return this.commits.commitVisibleWhenDurable(id, fn);
+  }
+
+  /** Writes a task as the restore rebuilt it; a failure leaves it not yet durable ({@link TaskCommits.writeRestored}). */
+  writeRestored(id: string): Promise<void> {
+    return this.commits.writeRestored(id);
   }
 
   /** Storage is back: writes what is not yet durable ({@link TaskCommits.catchUpStorage}). */

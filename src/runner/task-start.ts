@@ -1,5 +1,6 @@
 import { errorMessage } from "../errors/error-message.js";
 import { logExpected } from "../logging/log-fields.js";
+import type { Task } from "../tasks/task.js";
 import { TaskNotFoundError } from "../tasks/task-store.js";
 import { TASK_STATUSES, type TaskStatus } from "../tasks/task-status.js";
 import { createAndStart } from "./container-start.js";
@@ -62,15 +63,18 @@ export class TaskStarts {
     if (!initial || initial.status === "terminated" || initial.status === "running") return;
     let started = false;
     try {
-      await this.step(id, "preparing");
-      await prepareTask(this.ctx, this.commits, id);
-      await this.step(id, "pulling");
-      await this.pulls.pull(id);
-      await this.step(id, "creating");
-      await createAndStart(this.ctx, this.commits, id);
+      // Each step hands the task on as the previous one left it: what they read of it (config,
+      // dir, GPU ids) only the start itself changes. What a terminate may change meanwhile is
+      // read again where it matters (`checkStillWanted`, and under the lock at the create).
+      const preparing = await this.step(id, "preparing");
+      await prepareTask(this.ctx, this.commits, preparing);
+      const pulling = await this.step(id, "pulling");
+      await this.pulls.pull(pulling);
+      const creating = await this.step(id, "creating");
+      const running = await createAndStart(this.ctx, this.commits, creating);
       // The credentials were kept only to resume the pull after a restart; once `running` is
       // durable, a restart no longer pulls.
-      await deleteRegistryAuth(store.mustGet(id).taskDir);
+      await deleteRegistryAuth(running.taskDir);
       started = true;
     } catch (error) {
       if (error instanceof StartAbandoned || error instanceof TaskNotFoundError) {
@@ -100,19 +104,23 @@ export class TaskStarts {
    * these writes only keep the status a restart shows current. The `running` commit waits for
    * them. (The failpoint fires before the write is durable.)
    */
-  private async step(id: string, status: "preparing" | "pulling" | "creating"): Promise<void> {
+  private async step(id: string, status: "preparing" | "pulling" | "creating"): Promise<Task> {
+    // Read again at every step, never handed on: a terminate or a remove that landed during the
+    // previous step must stop the start here.
     checkStillWanted(this.ctx.store, id);
-    this.ctx.store.modify(id, (d) => {
+    const task = this.commits.commitInBackground(id, (d) => {
       d.startInFlight = true;
       // Stryker disable next-line EqualityOperator: `>=` only re-sets the status it already has
       if (statusRank(status) > statusRank(d.status)) d.status = status;
     });
-    this.commits.persister.persist(id).catch(() => undefined);
     await failpoint(`after-state:${status}`);
+    return task;
   }
 
   /** A start that did not reach `running` hands the task over: release now if nothing can run. */
   private async handOver(id: string): Promise<void> {
+    // Read again, not handed on: the start may have ended because a terminate or a remove
+    // changed the task, and what is left to do depends on the task as it is now.
     const task = this.ctx.store.get(id);
     if (!task) return;
     await this.commits.commit(id, (d) => (d.startInFlight = false)).catch(() => undefined);

@@ -1,8 +1,6 @@
 import { existsSync } from "node:fs";
 import { unlink } from "node:fs/promises";
 import { join } from "node:path";
-import { errorMessage } from "../errors/error-message.js";
-import { isStorageError, StorageUnavailableError } from "../state/storage-health.js";
 import { encodedTaskStateBytes, TASK_STATE_SUBMIT_MAX_BYTES } from "../state/task-state-file.js";
 import { heldMessage, newTask, type Task } from "../tasks/task.js";
 import {
@@ -14,9 +12,8 @@ import {
 import { failpoint } from "./failpoints.js";
 import { deleteRegistryAuth, REGISTRY_AUTH_FILE, writeRegistryAuth } from "./registry-auth-file.js";
 import type { RunnerContext } from "./runner-context.js";
-import type { TaskCommits } from "./task-commits.js";
-import { TaskConflictError, TaskOperationError, TaskStateError } from "./task-errors.js";
-import { TaskPersistError } from "./task-persister.js";
+import type { NewTaskFiles, TaskCommits } from "./task-commits.js";
+import { TaskConflictError, TaskStateError } from "./task-errors.js";
 
 /**
  * Submission: a new task made durable (its dir, its registry credentials, its task.json) before
@@ -49,9 +46,11 @@ export class TaskSubmissions {
       await this.submits.get(config.id);
       return this.ctx.store.mustGet(config.id);
     }
-    this.refuseUnwritable(newTask(config));
-    const { containerName } = this.ctx.store.add(newTask(config));
-    const persisted = this.makeDurable(config, auth, containerName);
+    const task = newTask(config);
+    this.refuseUnwritable(task);
+    // In the store as soon as this call is made (before its first await), so a retry that
+    // arrives meanwhile finds the task and waits for the entry set here.
+    const persisted = this.commits.createDurably(task, this.newTaskFiles(auth));
     this.submits.set(config.id, persisted);
     try {
       await persisted;
@@ -59,7 +58,10 @@ export class TaskSubmissions {
     } finally {
       this.submits.delete(config.id);
     }
-    this.ctx.log.info({ taskId: config.id, containerName, image: config.image_name }, "task submitted");
+    this.ctx.log.info(
+      { taskId: config.id, containerName: task.containerName, image: config.image_name },
+      "task submitted",
+    );
     this.startInBackground(config.id);
     return this.ctx.store.mustGet(config.id);
   }
@@ -80,59 +82,37 @@ export class TaskSubmissions {
     }
   }
 
-  /** Writes the new task's dir, credentials and task.json; on a failure, undoes all of it. */
-  private async makeDurable(config: TaskConfig, auth: RegistryAuth, containerName: string): Promise<void> {
-    const { persister } = this.commits;
+  /**
+   * The new task's dir and registry credentials; undone on a failure (the dir deleted if this
+   * submit created it, else only the credentials).
+   */
+  private newTaskFiles(auth: RegistryAuth): NewTaskFiles {
     let taskDir = "";
     let created = false;
-    try {
-      taskDir = this.ctx.dirs.dirFor(containerName);
-      created = !existsSync(taskDir);
-      await failpoint("durable-write:task-dir");
-      await this.ctx.dirs.make(containerName);
-      await failpoint("after-taskdir");
-      if (auth.username !== "" || auth.password !== "") {
-        await failpoint("durable-write:registry-auth");
-        await writeRegistryAuth(taskDir, auth);
-      } else {
-        // A submit without credentials must never pull with a file some earlier attempt left.
-        await unlinkIfPresent(join(taskDir, REGISTRY_AUTH_FILE));
-      }
-      this.ctx.store.modify(config.id, (d) => {
-        d.taskDir = taskDir;
-      });
-      await persister.persist(config.id);
-      await failpoint("after-state:pending");
-    } catch (cause) {
-      // Nothing of a failed submit may stay: not the task, not its dir, not its credentials.
-      this.ctx.store.delete(config.id);
-      await persister.settle(config.id);
-      // Stryker disable next-line CallExpression: only frees the entry; a deleted task's unsynced id is skipped by persist and filtered out of unsyncedIds
-      persister.forget(config.id);
-      // Stryker disable next-line ConditionalExpression,StringLiteral: taskDir is "" only when dirFor threw, before `created` was set: discarding "" deletes nothing (deleteRegistryAuth("") returns at once)
-      if (taskDir !== "") await this.discardSubmitDir(taskDir, created);
-      const storageCause = isStorageError(cause)
-        ? cause instanceof TaskPersistError
-          ? cause.cause
-          : cause
-        : await this.storageFault();
-      if (storageCause !== undefined) {
-        this.ctx.storage?.markFailed(storageCause);
-        throw new StorageUnavailableError(storageCause);
-      }
-      throw new TaskOperationError(`failed to create task ${config.id}: ${errorMessage(cause)}`, {
-        cause,
-      });
-    }
-  }
-
-  /**
-   * Whether the home's storage is what failed: some calls report a storage fault as something
-   * else (a recursive mkdir on a read-only file system answers ENOENT), so a probe decides.
-   */
-  private async storageFault(): Promise<Error | undefined> {
-    const failed = await this.ctx.storage?.probe();
-    return isStorageError(failed) ? failed : undefined;
+    return {
+      write: async (task) => {
+        taskDir = this.ctx.dirs.dirFor(task.containerName);
+        created = !existsSync(taskDir);
+        await failpoint("durable-write:task-dir");
+        await this.ctx.dirs.make(task.containerName);
+        await failpoint("after-taskdir");
+        if (auth.username !== "" || auth.password !== "") {
+          await failpoint("durable-write:registry-auth");
+          await writeRegistryAuth(taskDir, auth);
+        } else {
+          // A submit without credentials must never pull with a file some earlier attempt left.
+          await unlinkIfPresent(join(taskDir, REGISTRY_AUTH_FILE));
+        }
+        const dir = taskDir;
+        return (d) => {
+          d.taskDir = dir;
+        };
+      },
+      undo: async () => {
+        // Stryker disable next-line ConditionalExpression,StringLiteral: taskDir is "" only when dirFor threw, before `created` was set: discarding "" deletes nothing (deleteRegistryAuth("") returns at once)
+        if (taskDir !== "") await this.discardSubmitDir(taskDir, created);
+      },
+    };
   }
 
   /**

@@ -128,7 +128,6 @@ export class TaskTermination {
   /** Removes a terminated task: its container (confirmed), its resources, its dir, its record. */
   async remove(id: string): Promise<void> {
     const { store, docker, dirs, log } = this.ctx;
-    const { persister } = this.commits;
     // A start overtaken by a terminate stops at its next step; let it hand its resources over
     // first, or a volume it is mounting right now would outlive the release below.
     if (store.mustGet(id).status === "terminated") await this.starts.awaitStart(id);
@@ -152,10 +151,7 @@ export class TaskTermination {
       }
       await failpoint("after-container-remove");
       await this.release(id);
-      store.delete(id);
-      await persister.settle(id);
-      // Stryker disable next-line CallExpression: only frees the entry; a removed task's unsynced id is skipped by persist and filtered out of unsyncedIds
-      persister.forget(id);
+      await this.commits.discard(id);
       if (task.taskDir !== "") await dirs.remove(task.taskDir);
       log.info({ taskId: id }, "task removed");
     } finally {
