@@ -2,19 +2,23 @@
  * The commit rules under storage faults: a change of the shim's own steps stays in memory and is
  * written when storage is back; one a request asks for changes nothing unless durable.
  */
-import { existsSync } from "node:fs";
+import { existsSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
 import { StorageUnavailableError } from "../state/storage-health.js";
+import { TASK_STATE_FILE } from "../state/task-state-file.js";
 import type { TestEnv } from "../testing/test-context.js";
 import { loggedAs, useRunnerEnv } from "../testing/runner-env.js";
 import { armFailpoints } from "./failpoints.js";
 import { REGISTRY_AUTH_FILE, writeRegistryAuth } from "./registry-auth-file.js";
+import { TaskCommits } from "./task-commits.js";
 
 let env: TestEnv;
 let lines: string[];
 useRunnerEnv((current) => ({ env, lines } = current));
 const logged = (msg: string): Record<string, unknown>[] => loggedAs(lines, msg);
+const onDisk = (taskDir: string): Record<string, unknown> =>
+  JSON.parse(readFileSync(join(taskDir, TASK_STATE_FILE), "utf8")) as Record<string, unknown>;
 
 describe("TaskRunner.commit under storage faults", () => {
   it("keeps a change in memory when the home cannot take it, and warns", async () => {
@@ -99,5 +103,74 @@ describe("TaskRunner.catchUpStorage", () => {
     expect(has(terminated.taskDir)).toBe(false);
     expect(has(pulling.taskDir)).toBe(true);
     expect(has(foreign.taskDir)).toBe(true);
+  });
+});
+
+// What each mode leaves on disk and in memory at the point a crash could cut it.
+describe("TaskCommits modes", () => {
+  it("commitInBackground changes memory at once and writes without being awaited; a failed write is not thrown", async () => {
+    const { task } = await env.seedTask({ status: "pending", containerState: "none" });
+    const commits = new TaskCommits(env.ctx);
+    const shown = commits.commitInBackground(task.id, (d) => (d.status = "preparing"));
+    expect(shown.status).toBe("preparing");
+    expect(onDisk(task.taskDir)).toMatchObject({ status: "pending" });
+    await commits.persister.settle(task.id);
+    expect(onDisk(task.taskDir)).toMatchObject({ status: "preparing" });
+
+    armFailpoints("durable-write:task-state=1*error(ENOSPC)");
+    commits.commitInBackground(task.id, (d) => (d.status = "pulling"));
+    await commits.persister.settle(task.id);
+    expect(env.ctx.store.mustGet(task.id).status).toBe("pulling");
+    expect(commits.persister.unsyncedIds()).toEqual([task.id]);
+    // The task's next write carries it.
+    await commits.commit(task.id, (d) => (d.status = "creating"));
+    expect(onDisk(task.taskDir)).toMatchObject({ status: "creating" });
+    expect(commits.persister.unsyncedIds()).toEqual([]);
+  });
+
+  it("inMemoryOnly and markCleanedUp write nothing: the task's next write carries them", async () => {
+    const { task } = await env.seedTask({ status: "terminated", containerState: "exited" });
+    const commits = new TaskCommits(env.ctx);
+    commits.inMemoryOnly(task.id, (d) => (d.exitCode = 7));
+    expect(commits.markCleanedUp(task.id)).toMatchObject({ cleanedUp: true, exitCode: 7 });
+    await commits.persister.settle(task.id);
+    expect(onDisk(task.taskDir)).toMatchObject({ cleaned_up: false });
+    expect(onDisk(task.taskDir)).not.toHaveProperty("exit_code");
+    await commits.commit(task.id, (d) => (d.gpuIds = []));
+    expect(onDisk(task.taskDir)).toMatchObject({ cleaned_up: true, exit_code: 7 });
+  });
+
+  it("writeRestored writes the task as memory has it, and leaves a storage failure not yet durable", async () => {
+    const { task } = await env.seedTask();
+    const commits = new TaskCommits(env.ctx);
+    commits.inMemoryOnly(task.id, (d) => (d.exitCode = 2));
+    await commits.writeRestored(task.id);
+    expect(onDisk(task.taskDir)).toMatchObject({ exit_code: 2 });
+    armFailpoints("durable-write:task-state=1*error(EROFS)");
+    commits.inMemoryOnly(task.id, (d) => (d.exitCode = 3));
+    await expect(commits.writeRestored(task.id)).resolves.toBeUndefined();
+    expect(commits.persister.unsyncedIds()).toEqual([task.id]);
+    expect(onDisk(task.taskDir)).toMatchObject({ exit_code: 2 });
+  });
+
+  it("createDurably keeps nothing of a task whose files fail, and says when storage is the cause", async () => {
+    const { task: model } = await env.seedTask({ status: "pending", containerState: "none" });
+    const commits = new TaskCommits(env.ctx);
+    const fresh = { ...model, id: "fresh-task", containerName: "fresh-task-0000", taskDir: "" };
+    let undone = 0;
+    const failing = (error: Error) => ({
+      write: () => Promise.reject(error),
+      undo: () => Promise.resolve(void undone++),
+    });
+    const enospc = Object.assign(new Error("disk full"), { code: "ENOSPC" });
+    await expect(commits.createDurably(fresh, failing(enospc))).rejects.toBeInstanceOf(
+      StorageUnavailableError,
+    );
+    expect(env.ctx.store.get(fresh.id)).toBeUndefined();
+    await expect(commits.createDurably(fresh, failing(new Error("boom")))).rejects.toThrow(
+      "failed to create task fresh-task: boom",
+    );
+    expect(env.ctx.store.get(fresh.id)).toBeUndefined();
+    expect(undone).toBe(2);
   });
 });
