@@ -1,6 +1,7 @@
 /*
- * The commit rules under storage faults: a change of the shim's own steps stays in memory and is
- * written when storage is back; one a request asks for changes nothing unless durable.
+ * The one writer's modes. Under storage faults: a change of the shim's own steps stays in memory
+ * and is written when storage is back; one a request asks for changes nothing unless durable.
+ * Then what each mode leaves in memory and on disk where a crash could cut it.
  */
 import { existsSync, readFileSync } from "node:fs";
 import { join } from "node:path";

@@ -42,6 +42,7 @@ export interface NewTaskFiles {
  * write runs, so a later awaited write always carries every change made before it.
  */
 export class TaskCommits {
+  /** Writes task.json for this writer's modes (lint allows its writes nowhere else). */
   readonly persister: TaskPersister;
 
   constructor(private readonly ctx: RunnerContext) {

@@ -20,12 +20,13 @@ export { TaskConflictError, TaskOperationError, TaskStateError } from "./task-er
  * alone turns container state into a terminal status, so nothing depends on a promise that a
  * `kill -9` could cut.
  *
- * One object for its callers over the parts, each in its own module: the commit rules
+ * One object for its callers over the parts, each in its own module: the one writer of task state
  * (`task-commits.ts`), submission (`task-submission.ts`), the start sequence (`task-start.ts`,
  * `start-prepare.ts`, `image-pull.ts`, `container-start.ts`), the release (`task-release.ts`),
  * terminate and remove (`task-termination.ts`), and the host keys (`task-host-keys.ts`).
  */
 export class TaskRunner {
+  /** The commits' persister, for what it can tell (its not yet durable tasks); writes go through the commits. */
   readonly persister: TaskPersister;
   private readonly commits: TaskCommits;
   private readonly pulls: ImagePulls;
