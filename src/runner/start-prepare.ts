@@ -8,8 +8,8 @@ import { failureOfUser, reconcileHostKeys } from "./task-host-keys.js";
 
 /**
  * The first step of a start, on the host: the task's GPUs, its users' host keys, its volumes and
- * instance mounts, for the task as the start's `preparing` step left it. Each part is idempotent (GPUs already held are kept), so a start cut by a
- * restart prepares again.
+ * instance mounts, for the task as the start's `preparing` step left it. Each part is idempotent
+ * (GPUs already held are kept), so a start cut by a restart prepares again.
  */
 export async function prepareTask(ctx: RunnerContext, commits: TaskCommits, task: Task): Promise<void> {
   const { gpuLock, volumes } = ctx;

@@ -26,7 +26,7 @@ export { TaskConflictError, TaskOperationError, TaskStateError } from "./task-er
  * terminate and remove (`task-termination.ts`), and the host keys (`task-host-keys.ts`).
  */
 export class TaskRunner {
-  /** The commits' persister, for what it can tell (its not yet durable tasks); writes go through the commits. */
+  /** The commits' persister, read for its not yet durable tasks; it writes only for the commits. */
   readonly persister: TaskPersister;
   private readonly commits: TaskCommits;
   private readonly pulls: ImagePulls;
