@@ -29,12 +29,14 @@ const edges = (imports: readonly GraphNode[], typesFrom: readonly GraphNode[] = 
  */
 export const FOLDER_GRAPH: Readonly<Record<GraphNode, NodeImports>> = {
   "main.ts": edges(["cli"]),
-  cli: edges([
+  // The `taskshim` command: the client commands, and the commander wiring that calls into shim/.
+  cli: edges(["config", "control", "docker", "exec", "host", "shim", "tasks"]),
+  // The daemon: the process that serves (composition, start, shutdown), supervise, the socket.
+  shim: edges([
     "api",
     "components",
     "config",
     "dcgm",
-    "control",
     "docker",
     "exec",
     "host",
@@ -59,7 +61,8 @@ export const FOLDER_GRAPH: Readonly<Record<GraphNode, NodeImports>> = {
   // The domain at the bottom: the task model, its config and the values adapters fill in.
   tasks: edges([]),
   logging: edges([]),
-  // The shim process's own phases (starting … stopped): cli moves it, api shows it.
+  // The shim process's own phases (starting … stopped) and its shutdown deadline: shim drives
+  // them, api and wire show the phase.
   lifecycle: edges([]),
   exec: edges([]),
   errors: edges([]),

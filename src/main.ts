@@ -1,6 +1,5 @@
-import { main } from "./cli/main.js";
+import { EXIT_CONFIG, main } from "./cli/main.js";
 import { unsupportedRuntime } from "./cli/runtime-check.js";
-import { EXIT_CONFIG } from "./cli/supervise.js";
 
 // One line, not a stack trace from deep inside the bundle, on a node outside `engines`.
 const unsupported = unsupportedRuntime();

@@ -3,7 +3,7 @@ import { once } from "node:events";
 import { readFileSync } from "node:fs";
 import { setTimeout as sleep } from "node:timers/promises";
 import { afterAll, describe, expect, it } from "vitest";
-import { ARENA_ENV, MALLOC_ARENAS } from "../src/cli/glibc-malloc.js";
+import { ARENA_ENV, MALLOC_ARENAS } from "../src/shim/glibc-malloc.js";
 import { alive } from "./support/dockerd.js";
 import { bundleLaunch, bundleNodeFlags, freePort, SHIM_BUNDLE, tempHome } from "./support/shim-process.js";
 

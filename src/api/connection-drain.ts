@@ -16,7 +16,7 @@ export interface DrainTimes {
 
 export const DRAIN_TIMES: DrainTimes = { idleGraceMs: 250, deadlineMs: 5_000 };
 
-/** Connections this process received from the previous shim (src/cli/connection-handoff.ts). */
+/** Connections this process received from the previous shim (src/shim/connection-handoff.ts). */
 const handedOver = new WeakSet<Socket>();
 
 /** Records that `socket` came from the previous shim through the handoff. */
@@ -35,7 +35,7 @@ export function idleSinceHandoff(socket: Socket): boolean {
 
 /**
  * Where a draining server's idle connections can go instead of being closed: the next shim, under
- * `taskshim supervise` (src/cli/connection-handoff.ts).
+ * `taskshim supervise` (src/shim/connection-handoff.ts).
  */
 export interface ConnectionHandoff {
   /**

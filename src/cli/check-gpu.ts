@@ -16,7 +16,7 @@ import {
   shimOption,
   tokenOption,
 } from "./client-common.js";
-import { durationFlag } from "./durations.js";
+import { durationFlag } from "../config/durations.js";
 import {
   containerCommand,
   judgeReport,

@@ -4,7 +4,7 @@ import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
 import { taskPath, UnaddressableTaskIdError } from "../control/shim-client.js";
 import type { FenceReport } from "../control/fence.js";
 import { thrown } from "../testing/thrown.js";
-import { formatFenceReport, hostErrorLine } from "./fence.js";
+import { formatFenceReport, hostErrorLine } from "./fence-command.js";
 import { buildCli, describeFailure } from "./main.js";
 import { escapeControls, escapeControlsKeepingLines } from "./terminal-text.js";
 

@@ -14,7 +14,7 @@ import {
   shimOption,
   tokenOption,
 } from "./client-common.js";
-import { durationFlag } from "./durations.js";
+import { durationFlag } from "../config/durations.js";
 import { SubmitProgressView } from "./pull-progress-bar.js";
 import { escapeControls, escapeControlsKeepingLines } from "./terminal-text.js";
 import { buildSubmitBody, InvalidSubmitFlagError } from "./submit-body.js";

@@ -13,7 +13,7 @@ import {
   shimOption,
   tokenOption,
 } from "./client-common.js";
-import { durationFlag } from "./durations.js";
+import { durationFlag } from "../config/durations.js";
 import { addSubmitCommand } from "./submit-command.js";
 import { allTaskInfos, matchesFilter, parseTaskFilters } from "./task-filter.js";
 import { resolveTask } from "./task-lookup.js";

@@ -2,7 +2,7 @@ import type { ChildProcess } from "node:child_process";
 import { request } from "node:http";
 import { setTimeout as sleep } from "node:timers/promises";
 
-/** Where a shim serves: the address and port `serve`'s flags name (src/cli/held-socket.ts). */
+/** Where a shim serves: the address and port `serve`'s flags name (src/shim/held-socket.ts). */
 export interface ServeAddress {
   readonly host: string;
   readonly port: number;

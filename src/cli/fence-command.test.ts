@@ -11,7 +11,7 @@ import {
   parseDeadline,
   parseSshTarget,
   type FenceFlags,
-} from "./fence.js";
+} from "./fence-command.js";
 
 const flags = (over: Partial<FenceFlags>): FenceFlags => ({
   sshOption: [],

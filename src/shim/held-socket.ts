@@ -6,7 +6,7 @@ import { isSea } from "node:sea";
 import { Command } from "@commander-js/extra-typings";
 import { resolveShimConfig, SERVE_SETTINGS } from "../config/shim-config.js";
 import { errorMessage } from "../errors/error-message.js";
-import { formatDuration } from "./durations.js";
+import { formatDuration } from "../config/durations.js";
 import { STANDIN_ENV } from "./unserved-standin.js";
 
 /** Set by the outer `taskshim supervise` for the inner one: its fd 3 is the API's listening socket. */
@@ -67,7 +67,7 @@ export function serveAddress(
  * holds: this (outer) process binds `serve`'s address, runs the same command again as the inner
  * supervisor with the socket as fd 3, closes its own copy, forwards SIGTERM/SIGINT and ends with
  * the inner one's exit code. The inner supervisor never touches fd 3 (nothing in it accepts) and
- * passes it to each `taskshim serve` it starts, with LISTEN_FDS=1 (src/cli/listen-target.ts).
+ * passes it to each `taskshim serve` it starts, with LISTEN_FDS=1 (src/shim/listen-target.ts).
  */
 export async function holdApiSocket(
   serveArgs: readonly string[],
@@ -162,7 +162,7 @@ export function watchParent(onGone: () => void, everyMs = 1_000): () => void {
 
 /**
  * Starts this command again as the stand-in that answers 503 on the held socket
- * (src/cli/unserved-standin.ts), with the socket as its fd 3. The single binary is run from
+ * (src/shim/unserved-standin.ts), with the socket as its fd 3. The single binary is run from
  * `/proc/self/exe`, this very file: the stand-in is needed exactly when the file at the
  * supervisor's path may have been replaced by a binary that does not serve.
  */

@@ -47,7 +47,7 @@ import { prepareDcgm } from "./dcgm-setup.js";
 import { startHeapTrim } from "./heap-trim.js";
 import type { GlibcMalloc } from "./glibc-malloc.js";
 import { inspectInheritedSocket, listenTarget, SocketActivationError } from "./listen-target.js";
-import { SHUTDOWN_TIMINGS, ShutdownDeadline } from "./shutdown-deadline.js";
+import { SHUTDOWN_TIMINGS, ShutdownDeadline } from "../lifecycle/shutdown-deadline.js";
 import { StartInterruptedError, unlessInterrupted } from "./start-interruption.js";
 import { narrowLogFileMode } from "../state/log-file-sink.js";
 import { errorMessage } from "../errors/error-message.js";
@@ -153,7 +153,7 @@ export interface RunningShim {
   readonly stopped: Promise<void>;
   /**
    * A graceful shutdown, as `POST /api/shutdown` and SIGINT/SIGTERM ask: one bounded path for all
-   * (src/cli/shutdown-deadline.ts). `force`, or a second request, interrupts the steps in flight
+   * (src/lifecycle/shutdown-deadline.ts). `force`, or a second request, interrupts the steps in flight
    * at once instead of after the grace.
    */
   shutdown(force: boolean): void;

@@ -6,7 +6,7 @@ import type { FileIdentity } from "../components/file-identity.js";
 import { errorMessage } from "../errors/error-message.js";
 import { ROLLBACK_ENV, type RollbackReport } from "../lifecycle/rollback-report.js";
 import { HANDOFF_ENV, HandoffRelay } from "./connection-handoff.js";
-import { formatDuration } from "./durations.js";
+import { formatDuration } from "../config/durations.js";
 import { ARENA_ENV, MALLOC_ARENAS } from "./glibc-malloc.js";
 import { heldSocketSpawn, watchParent } from "./held-socket.js";
 import { PreviousBinary, type BinaryStanding } from "./previous-binary.js";
@@ -31,7 +31,7 @@ export interface SuperviseOptions {
   readonly stableAfterMs: number;
   /** Delay before restarting after exit 0 (an upgrade handoff), in ms. */
   readonly handoffDelayMs: number;
-  /** fd 3 is the API's listening socket: hand it to every shim (src/cli/held-socket.ts). */
+  /** fd 3 is the API's listening socket: hand it to every shim (src/shim/held-socket.ts). */
   readonly heldSocket?: boolean;
   /** Why the API socket is not held (the port could not be bound): said once, at the start. */
   readonly notHolding?: string;
@@ -52,7 +52,7 @@ export interface SuperviseOptions {
    * connections with a 503 until one does (default 10 s).
    */
   readonly refuseAfterMs?: number;
-  /** Starts the process that answers 503 on the held socket (src/cli/unserved-standin.ts). */
+  /** Starts the process that answers 503 on the held socket (src/shim/unserved-standin.ts). */
   readonly standIn?: () => ChildProcess;
   /** Aborting it stops the supervisor as SIGTERM does (tests; the signals are wired by default). */
   readonly stop?: AbortSignal;
