@@ -89,11 +89,6 @@ export class ShimLifecycle {
     return { phase: this.current, since: new Date(this.sinceMs).toISOString() };
   }
 
-  /** True once the process has reached `stopped` or `failed`. */
-  get ended(): boolean {
-    return NEXT[this.current].length === 0;
-  }
-
   /**
    * Moves to `next` and logs it once (`failed` at error level), with `detail` in the log line.
    * Throws {@link IllegalShimTransitionError} for a move the table does not allow.
@@ -108,16 +103,6 @@ export class ShimLifecycle {
     else this.log.info(fields, "shim phase");
     const view = this.view;
     for (const listener of this.listeners) listener(view);
-  }
-
-  /**
-   * Moves to `next` when the table allows it and reports whether it did: for the moves that
-   * can race (a second shutdown signal while draining, a failure after a stop).
-   */
-  tryTo(next: ShimPhase, detail: Record<string, unknown> = {}): boolean {
-    if (!this.may(next)) return false;
-    this.to(next, detail);
-    return true;
   }
 
   /** Calls `listener` after every transition; returns the function that unsubscribes it. */

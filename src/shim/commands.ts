@@ -9,7 +9,7 @@ import { isSea } from "node:sea";
 import { resolveShimConfig, type ServeFlags } from "../config/shim-config.js";
 import { loadGlibcMalloc, MALLOC_ARENAS } from "./glibc-malloc.js";
 import { holdApiSocket, serveAddress, standInSpawn } from "./held-socket.js";
-import type { RunningShim } from "./serve.js";
+import type { RunningShim } from "./start-shim.js";
 import { StartInterruptedError } from "./start-interruption.js";
 import { supervise } from "./supervise.js";
 import { serveUnavailable, STANDIN_ENV } from "./unserved-standin.js";
@@ -49,7 +49,7 @@ export async function serve(flags: ServeFlags): Promise<void> {
   const config = resolveShimConfig(flags, process.env, { shimBinaryPath: ownBinaryPath() });
   // Loaded on demand: the server's dependencies (fastify, dockerode, pino, prom-client) would
   // otherwise slow every client command down.
-  const { startShim } = await import("./serve.js");
+  const { startShim } = await import("./start-shim.js");
   try {
     shim = await startShim(config, malloc, start.signal);
   } catch (error) {
