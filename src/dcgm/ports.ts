@@ -1,6 +1,6 @@
 /*
  * What the rest of the shim sees of DCGM: two ports. The HTTP edge reads a task's GPU metrics
- * through TaskMetricsSource and the GPU health through GpuHealthView; shim/serve.ts builds the
+ * through TaskMetricsSource and the GPU health through GpuHealthView; shim/dcgm-setup.ts builds the
  * real adapters (exporter-supervisor.ts, health-monitor.ts over dcgmi-health.ts) and the tests
  * drive fakes. The health shape is dstack-shim's (runner/internal/shim/dcgm/wrapper.go, Health
  * and HealthIncident), which dstack's server reads as DCGMHealthResponse.

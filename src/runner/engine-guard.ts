@@ -1,6 +1,6 @@
 /*
  * A home is bound to the engine its containers live on (state/engine-record.ts). The start refuses
- * another engine (shim/serve.ts); this guard keeps a running shim honest when the engine changes
+ * another engine (shim/startup-steps.ts); this guard keeps a running shim honest when the engine changes
  * under it (Docker stopped and Podman served on the same socket, a DOCKER_HOST pointed elsewhere):
  * an answer that a container is gone is believed only from the bound engine. Every destructive
  * step of the lifecycle (finalize "container not found", release, delete the task dir, a fence's

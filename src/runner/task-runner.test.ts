@@ -319,7 +319,7 @@ describe("TaskRunner shutdown", () => {
   it("stops a pull even when the shutdown lands before the pull request is sent", async () => {
     env.docker.pullScript = (_ref, _auth, signal) =>
       stalledPullStream(SUCCESSFUL_PULL_LINES.slice(0, 2), signal);
-    // What serve.ts does on shutdown, while the start checks whether the image is present.
+    // What the shim's shutdown does (shim/shutdown.ts), while the start checks whether the image is present.
     env.docker.onNext("imageExists", () => {
       env.shutdownController.abort(new Error("shim shutting down"));
       env.runner.cancelPulls();
