@@ -17,7 +17,7 @@ const HELD_FD = 3;
 /**
  * How long a new supervisor waits for the API's port to be free when it is taken: an earlier
  * supervisor's shim may still be shutting down (orphaned when that supervisor was killed, it shuts
- * down by itself: {@link watchParent}, and main.ts's `serve`), which takes the shutdown's bound
+ * down by itself: {@link watchParent}, and commands.ts's `serve`), which takes the shutdown's bound
  * (20 s) at most; beyond that, something else holds the port.
  */
 export const PORT_WAIT_MS = 30_000;
