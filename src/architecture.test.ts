@@ -10,7 +10,8 @@ import { FOLDER_GRAPH, SHARED_LEAVES, type GraphNode } from "../eslint-boundarie
  * The folder graph has three copies that must say the same: the table in eslint-boundaries.ts
  * (which the linter enforces), the graph in docs/architecture.md, and the imports the code makes.
  * This file checks them against each other and proves that the linter really refuses an upward
- * import, through the repo's own eslint.config.js.
+ * import, through the repo's own eslint.config.js. It also checks that the docs name no source
+ * file that is not there, so a file moved between folders leaves no stale path in them.
  */
 
 const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), "..");
@@ -141,6 +142,42 @@ describe("the folder graph", () => {
     }
     for (const from of code.keys()) if (!(from in FOLDER_GRAPH)) problems.push(`${from} is not in the graph`);
     expect(problems).toEqual([]);
+  });
+});
+
+describe("the docs", () => {
+  /** Every file of the repo (dependencies, build output and git aside), relative to its root. */
+  async function repoFiles(): Promise<Set<string>> {
+    const skip = /^(node_modules|dist|coverage|reports|\.git|\.stryker-tmp)(\/|$)/;
+    const entries = await readdir(ROOT, { recursive: true, withFileTypes: true });
+    return new Set(
+      entries
+        .filter((e) => e.isFile())
+        .map((e) => relative(ROOT, join(e.parentPath, e.name)))
+        .filter((path) => !skip.test(path)),
+    );
+  }
+
+  it("name only TypeScript files that exist: a moved or renamed file leaves no stale path behind", async () => {
+    const files = await repoFiles();
+    const names = new Set([...files].map((path) => path.split("/").at(-1) ?? path));
+    const stale: string[] = [];
+    for (const doc of [
+      "README.md",
+      "TESTING.md",
+      "docs/architecture.md",
+      "docs/operations.md",
+      "docs/api.md",
+      "docs/fault-matrix.md",
+    ]) {
+      const text = await readFile(join(ROOT, doc), "utf8");
+      // `src/shim/serve-flags.ts`, `shim/serve-flags.ts` (under src/), or a bare `serve-flags.ts`.
+      for (const [, path = ""] of text.matchAll(/`((?:[a-z][\w.-]*\/)*[a-z][\w.-]*\.ts)`/g)) {
+        const found = path.includes("/") ? files.has(path) || files.has(`src/${path}`) : names.has(path);
+        if (!found) stale.push(`${doc}: ${path}`);
+      }
+    }
+    expect(stale).toEqual([]);
   });
 });
 
