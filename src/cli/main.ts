@@ -1,14 +1,14 @@
 import { readFile } from "node:fs/promises";
 import { Command, CommanderError } from "@commander-js/extra-typings";
 import { formatUpgradeTable, succeeded, upgradeFleet } from "../control/upgrade.js";
-import { ConfigError, SERVE_SETTINGS } from "../config/shim-config.js";
+import { ConfigError, EXIT_CONFIG, SERVE_SETTINGS } from "../config/shim-config.js";
 import { VERSION } from "../version.js";
 import { addClientCommands } from "./client-commands.js";
 import { addCheckGpuCommand } from "./check-gpu.js";
 import { addFenceCommand } from "./fence-command.js";
 import { durationFlag } from "../config/durations.js";
 import { runSupervisor, serve } from "../shim/commands.js";
-import { EXIT_CONFIG, REFUSE_AFTER_MS, SERVE_WITHIN_MS } from "../shim/supervise.js";
+import { REFUSE_AFTER_MS, SERVE_WITHIN_MS } from "../shim/supervise.js";
 import { addVersionCommand } from "./version-command.js";
 import { errorMessage } from "../errors/error-message.js";
 import { escapeControls } from "./terminal-text.js";

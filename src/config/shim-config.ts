@@ -90,6 +90,12 @@ export class ConfigError extends Error {
   override readonly name: string = "ConfigError";
 }
 
+/**
+ * sysexits' EX_CONFIG: the exit status of a configuration error (a {@link ConfigError}), which
+ * `supervise` does not restart after (restarting cannot help).
+ */
+export const EXIT_CONFIG = 78;
+
 /** The serve flags as commander hands them over (all optional strings or booleans). */
 export type ServeFlags = Partial<Record<FlagName, string | boolean>>;
 

@@ -4,7 +4,8 @@ import { join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { ROLLBACK_ENV } from "../lifecycle/rollback-report.js";
-import { childExit, crashDelay, EXIT_CONFIG, supervise } from "./supervise.js";
+import { EXIT_CONFIG } from "../config/shim-config.js";
+import { childExit, crashDelay, supervise } from "./supervise.js";
 
 let dir: string;
 beforeEach(async () => {

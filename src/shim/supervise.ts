@@ -7,15 +7,13 @@ import { errorMessage } from "../errors/error-message.js";
 import { ROLLBACK_ENV, type RollbackReport } from "../lifecycle/rollback-report.js";
 import { HANDOFF_ENV, HandoffRelay } from "./connection-handoff.js";
 import { formatDuration } from "../config/durations.js";
+import { EXIT_CONFIG } from "../config/shim-config.js";
 import { ARENA_ENV, MALLOC_ARENAS } from "./glibc-malloc.js";
 import { heldSocketSpawn, watchParent } from "./held-socket.js";
 import { PreviousBinary, type BinaryStanding } from "./previous-binary.js";
 import { fitServeArgs, probeServeHelp } from "./serve-flags.js";
 import { whenServing, type ServeAddress } from "./serving-watch.js";
 import { UnservedGuard } from "./unserved-standin.js";
-
-/** sysexits' EX_CONFIG, which `serve` exits with on a configuration error: restarting cannot help. */
-export const EXIT_CONFIG = 78;
 
 /** Options of `taskshim supervise`. */
 export interface SuperviseOptions {
