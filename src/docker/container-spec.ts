@@ -1,3 +1,4 @@
+import type { TaskConfig } from "../tasks/task-config.js";
 import type { GpuContainerConfig } from "./gpu-devices.js";
 import { LABEL_IS_TASK, LABEL_OWNER, LABEL_TASK_ID, type ContainerCreateSpec } from "./docker-client.js";
 
@@ -21,29 +22,24 @@ export interface ContainerParams {
   readonly infiniband: boolean;
 }
 
-/**
- * What of a task's configuration shapes its container, in the submit body's field names. The
- * task model's `TaskConfig` fits it as it is; declaring the narrow shape here keeps the Docker
- * layer free of the task model (docs/architecture.md: arrows point down).
- */
-export interface ContainerTaskConfig {
-  readonly id: string;
-  readonly image_name: string;
-  readonly container_user: string;
-  readonly privileged: boolean;
-  readonly cpu: number;
-  readonly memory: number;
-  readonly shm_size: number;
-  readonly network_mode: "host" | "bridge";
-  readonly volume_mounts: readonly { readonly name: string; readonly path: string }[];
-  readonly instance_mounts: readonly { readonly instance_path: string; readonly path: string }[];
-  readonly gpu_devices: readonly { readonly path_on_host: string; readonly path_in_container: string }[];
-  readonly container_ssh_keys: readonly string[];
-  /** Run this argv instead of the dstack-runner launch script. */
-  readonly command?: readonly string[];
-  /** Extra container environment. */
-  readonly env?: Readonly<Record<string, string>>;
-}
+/** What of a task's configuration shapes its container: the fields the engine sees. */
+export type ContainerTaskConfig = Pick<
+  TaskConfig,
+  | "id"
+  | "image_name"
+  | "container_user"
+  | "privileged"
+  | "cpu"
+  | "memory"
+  | "shm_size"
+  | "network_mode"
+  | "volume_mounts"
+  | "instance_mounts"
+  | "gpu_devices"
+  | "container_ssh_keys"
+  | "command"
+  | "env"
+>;
 
 /** Quotes one word for a POSIX shell, so no key or argument can break out of it. */
 export function shellQuote(word: string): string {
