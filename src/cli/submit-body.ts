@@ -1,3 +1,4 @@
+import { isEnvName, isValidContainerUser, NETWORK_MODES } from "../tasks/task-fields.js";
 import { InvalidSizeError, parseSize } from "./sizes.js";
 
 /** A submit flag (or config file) that cannot become a task config; the message names it. */
@@ -31,8 +32,6 @@ export interface SubmitFlags {
 /** The `POST /api/tasks` body the CLI sends (dstack-shim's TaskConfig plus taskshim's extensions). */
 export type SubmitBody = Record<string, unknown> & { readonly id: string };
 
-const ENV_NAME = /^[A-Za-z_][A-Za-z0-9_]*$/;
-
 function fail(message: string): never {
   throw new InvalidSubmitFlagError(message);
 }
@@ -63,7 +62,7 @@ export function parseEnvFlags(
   for (const entry of entries) {
     const eq = entry.indexOf("=");
     const key = eq === -1 ? entry : entry.slice(0, eq);
-    if (!ENV_NAME.test(key)) fail(`--env: invalid variable name in ${JSON.stringify(entry)}`);
+    if (!isEnvName(key)) fail(`--env: invalid variable name in ${JSON.stringify(entry)}`);
     const value = eq === -1 ? lookup(key) : entry.slice(eq + 1);
     if (value === undefined) fail(`--env: ${key} is not set in this shell (use ${key}=VALUE)`);
     env[key] = value;
@@ -96,7 +95,8 @@ export function nameFromImage(image: string): string {
  * Builds the submit body from an optional config file (the JSON body as is) and flags; a flag
  * overrides the file's field, `--env` and `--mount` add to the file's. Values the shim would
  * refuse anyway (bad sizes, counts, network modes) are refused here with the flag's name, so
- * the operator sees which flag to fix.
+ * the operator sees which flag to fix; where the flag's value is the field's, the check is the
+ * field's own (tasks/task-fields.ts), so the two cannot drift.
  */
 export function buildSubmitBody(
   file: Readonly<Record<string, unknown>> | undefined,
@@ -149,7 +149,7 @@ export function buildSubmitBody(
   if (flags.memory !== undefined) body.memory = size(flags.memory, "--memory");
   if (flags.shm !== undefined) body.shm_size = size(flags.shm, "--shm");
   if (flags.network !== undefined) {
-    if (flags.network !== "host" && flags.network !== "bridge") {
+    if (!(NETWORK_MODES as readonly string[]).includes(flags.network)) {
       fail(`--network: expected host or bridge, got ${JSON.stringify(flags.network)}`);
     }
     body.network_mode = flags.network;
@@ -158,7 +158,7 @@ export function buildSubmitBody(
   if (flags.registryPassword !== undefined) body.registry_password = flags.registryPassword;
   if (flags.privileged === true) body.privileged = true;
   if (flags.user !== undefined) {
-    if (!/^[A-Za-z0-9_.-]{1,64}(:[A-Za-z0-9_.-]{1,64})?$/.test(flags.user)) {
+    if (!isValidContainerUser(flags.user)) {
       fail(
         `--user: expected a user name or uid, optionally :group or :gid, got ${JSON.stringify(flags.user)}`,
       );

@@ -4,6 +4,7 @@ import { text as readStream } from "node:stream/consumers";
 import { Option, type Command } from "@commander-js/extra-typings";
 import type { ShimTaskInfo } from "../control/shim-client.js";
 import { errorMessage } from "../errors/error-message.js";
+import { NETWORK_MODES } from "../tasks/task-fields.js";
 import {
   CliError,
   collect,
@@ -69,7 +70,7 @@ export function addSubmitCommand(tasks: Command): void {
     .option("--shm <size>", "/dev/shm size, like 1GiB")
     .option("-u, --user <user>", "the container's user, name or uid[:gid] (default: root, as dstack-shim)")
     .option("--mount <host:container>", "bind mount a host dir (repeatable)", collect, [] as string[])
-    .addOption(new Option("--network <mode>", "network mode").choices(["host", "bridge"] as const))
+    .addOption(new Option("--network <mode>", "network mode").choices(NETWORK_MODES))
     .option("--registry-user <user>", "registry username")
     .addOption(
       new Option("--registry-password <password>", "registry password").env("TASKSHIM_REGISTRY_PASSWORD"),
