@@ -1,6 +1,6 @@
 import Type, { type Static, type TSchema } from "typebox";
 import { SHIM_PHASES } from "../lifecycle/shim-lifecycle.js";
-import { TaskSubmitBodySchema } from "../tasks/task-config.js";
+import { TaskSubmitBodySchema } from "../tasks/task-fields.js";
 import { TASK_STATUSES, type TaskStatus } from "../tasks/task-status.js";
 import { open } from "./tolerant.js";
 
@@ -18,9 +18,9 @@ const nullable = <T extends TSchema>(schema: T) => Type.Optional(Type.Union([sch
 const Status = Type.Unsafe<TaskStatus>(Type.Union(TASK_STATUSES.map((s) => Type.Literal(s))));
 
 /**
- * `POST /api/tasks` (dstack-shim's TaskConfig). Its schema lives with the decoder that applies
- * Go's forgiving rules and the value rules (`tasks/task-config.ts`, which imports nothing); it is
- * part of the wire format all the same.
+ * `POST /api/tasks` (dstack-shim's TaskConfig). Its schema is derived from the table of a task's
+ * fields (`tasks/task-fields.ts`, with their zero values and rules, in the domain, which imports
+ * nothing); it is part of the wire format all the same.
  */
 export const SubmitBody = TaskSubmitBodySchema;
 
