@@ -9,14 +9,13 @@ import {
   type TaskFieldName,
 } from "./task-fields.js";
 
+// What the readers of a config (the runner, the state, the API) ask about, beside the parser.
 export {
   InvalidTaskConfigError,
   isValidTaskId,
   isValidTaskName,
   isValidVolumeName,
-  TaskSubmitBodySchema,
   type TaskConfig,
-  type TaskSubmitBody,
 } from "./task-fields.js";
 
 /*
