@@ -120,12 +120,15 @@ export type Item<I extends ItemFields> = {
   readonly [K in keyof I as I[K] extends { readonly dropped: true } ? never : K]: Static<I[K]["schema"]>;
 };
 
-/** One field of a task's config: see the table, {@link TASK_FIELDS}. */
-export interface TaskField<S extends TSchema = TSchema> {
+/**
+ * One field of a task's config: see the table, {@link TASK_FIELDS}. `T` is the type its rule and
+ * its default take (the table's entries are typed by their schema), `Z` its zero value's.
+ */
+export interface TaskField<S extends TSchema = TSchema, T = never, Z = unknown> {
   /** Its JSON type; on the wire it may also be null or absent, which read as `zero`. */
   readonly schema: S;
   /** What an absent or null value reads as, at submit and from task.json (Go's zero value). */
-  readonly zero?: unknown;
+  readonly zero?: Z;
   /** Absent or null stays absent from the config (a taskshim extension with no zero value). */
   readonly optional?: true;
   /** Must not be empty: a submit without it answers `empty <field>`, a stored config is corrupt. */
@@ -144,20 +147,15 @@ export interface TaskField<S extends TSchema = TSchema> {
    * The submit's rule, given the zero-filled value: returns what the config keeps, or throws
    * `InvalidTaskConfigError` with the wire's message. Never applied to a stored config.
    */
-  readonly rule?: (value: never) => unknown;
+  readonly rule?: (value: T) => unknown;
   /** Turns a valid value into the config's (a default over the zero); applied to stored configs too. */
-  readonly fill?: (value: never) => unknown;
-}
-
-interface FieldOptions<T> {
-  readonly zero?: T;
-  readonly optional?: true;
-  readonly required?: true;
-  readonly credential?: true;
-  readonly order?: number;
-  readonly rule?: (value: T) => T;
   readonly fill?: (value: T) => unknown;
 }
+
+/** A field's options, typed by its JSON type: the rule keeps the type, the default may narrow it. */
+type FieldOptions<T> = Omit<TaskField<TSchema, T, T>, "schema" | "items" | "rule"> & {
+  readonly rule?: (value: T) => T;
+};
 
 /** A field whose value is checked as a whole (a string, a number, a list of strings, a map). */
 function field<S extends TSchema, const O extends FieldOptions<Static<S>>>(
