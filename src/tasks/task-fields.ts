@@ -105,7 +105,7 @@ function sshKeys(keys: readonly string[], field: string): readonly string[] {
 }
 
 /** A field of the objects of a list field (a volume's `name`, a mount's `path`). */
-export interface ItemField<S extends TSchema = TSchema> {
+interface ItemField<S extends TSchema = TSchema> {
   readonly schema: S;
   /** What an absent or null value reads as (Go's zero value). */
   readonly zero: Static<S>;
@@ -116,7 +116,7 @@ export interface ItemField<S extends TSchema = TSchema> {
 type ItemFields = Readonly<Record<string, ItemField>>;
 
 /** An object of a list field as the submit's rule sees it and the config keeps it: zero-filled. */
-export type Item<I extends ItemFields> = {
+type Item<I extends ItemFields> = {
   readonly [K in keyof I as I[K] extends { readonly dropped: true } ? never : K]: Static<I[K]["schema"]>;
 };
 
