@@ -50,6 +50,13 @@ describe("the table of fields, read from task.json", () => {
     },
   );
 
+  it("names the same field as it always has when several are wrong", () => {
+    const config = { ...MINIMAL, gpu: "x", network_mode: 1, command: 5 };
+    expect(() => decodeStoredConfig(config)).toThrow("command has the wrong type");
+    expect(() => decodeStoredConfig({ ...config, command: null })).toThrow("network_mode has the wrong type");
+    expect(() => decodeStoredConfig({ ...config, image_name: "" })).toThrow("config has no image_name");
+  });
+
   it("keeps the fields of a list's objects the submit drops, and a newer release's", () => {
     const mounts = [{ instance_path: "relative", path: "/b", optional: true, mode: "ro" }];
     expect(decodeStoredConfig({ ...MINIMAL, instance_mounts: mounts }).instance_mounts).toEqual(mounts);

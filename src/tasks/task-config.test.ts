@@ -313,6 +313,20 @@ describe("parseTaskConfig: hostile values", () => {
   });
 });
 
+describe("parseTaskConfig: several bad fields", () => {
+  it.each([
+    [{ id: "a/b", name: "" }, "empty name"],
+    [{ name: "a b", gpu: -2 }, /^invalid name/],
+    [{ container_user: "a;b", network_mode: "none" }, /^invalid network_mode/],
+    [{ container_user: "a;b", gpu: -2 }, "invalid gpu: -2 (use -1 for all, 0 for none, or 1..1024)"],
+    [{ host_ssh_user: "9x", volumes: [{ name: "a/b" }] }, "invalid host_ssh_user"],
+    [{ env: { "1A": "x" }, command: [] }, "command must not be empty"],
+    [{ gpu: "x", id: "" }, 'Request body contains an invalid value for the "gpu" field'],
+  ])("answers %j with the first message dstack's clients have always had", (extra, message) =>
+    rejects(extra, message),
+  );
+});
+
 describe("describeBodyError", () => {
   it.each([
     [{ gpu: "x" }, "gpu"],
