@@ -6,6 +6,7 @@ import { setTimeout as sleep } from "node:timers/promises";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { DockerodeClient } from "../src/docker/dockerode-client.js";
 import { DockerUnavailableError } from "../src/docker/docker-errors.js";
+import { plainContainerSpec } from "../src/testing/container-specs.js";
 import { hasStatusCode, TEST_LABEL, testDocker } from "./support/docker.js";
 import { ensureTestImages, type TestImages } from "./support/images.js";
 
@@ -65,10 +66,7 @@ describe("a container create answered after its deadline", () => {
     const client = new DockerodeClient({ socketPath: join(dir, "engine.sock") }, undefined, 30_000, 300);
     const started = performance.now();
     const error = await client
-      .createContainer({
-        name,
-        body: { Image: images.busybox, Cmd: ["true"], Labels: { [TEST_LABEL]: "1" } },
-      })
+      .createContainer(plainContainerSpec({ name, image: images.busybox, labels: { [TEST_LABEL]: "1" } }))
       .then(
         () => undefined,
         (e: unknown) => e,

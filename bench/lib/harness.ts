@@ -8,6 +8,7 @@ import type Docker from "dockerode";
 import pLimit from "p-limit";
 import { containerParamsOf, resolveShimConfig } from "../../src/config/shim-config.js";
 import { buildContainerSpec } from "../../src/docker/container-spec.js";
+import { engineCreateBody } from "../../src/docker/engine-create-body.js";
 import { formatPullReference, parseImageReference } from "../../src/tasks/image-ref.js";
 import { parseTaskConfig } from "../../src/tasks/task-config.js";
 import { hasStatusCode } from "../../test/support/docker.js";
@@ -296,7 +297,7 @@ export class Bench {
       gpu: undefined,
       owner: "bench",
     });
-    return { ...spec.body, name: spec.name, Labels: { [BENCH_LABEL]: "1" } };
+    return { ...engineCreateBody(spec), name: spec.name, Labels: { [BENCH_LABEL]: "1" } };
   }
 
   /** Creates and starts a baseline container through the Engine API; returns its id. */

@@ -1,4 +1,5 @@
 import { execFileSync } from "node:child_process";
+import type Docker from "dockerode";
 import { describe, expect, it } from "vitest";
 import {
   buildContainerSpec,
@@ -7,6 +8,7 @@ import {
   type ContainerParams,
   type ContainerTaskConfig,
 } from "./container-spec.js";
+import { engineCreateBody } from "./engine-create-body.js";
 
 const KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIDTp2Jhb0wgYZiq9AErq068kD4ch2hRgtZixNUo1HbJZ";
 
@@ -42,7 +44,7 @@ function config(extra: Partial<ContainerTaskConfig> = {}): ContainerTaskConfig {
   };
 }
 
-type HostConfig = Record<string, unknown> & { Mounts: { Source: string; Target: string }[] };
+type HostConfig = Docker.HostConfig & { Mounts: Docker.MountConfig };
 
 function spec(extra: Partial<ContainerTaskConfig> = {}, overrides: Partial<ContainerParams> = {}) {
   const built = buildContainerSpec({
@@ -53,7 +55,8 @@ function spec(extra: Partial<ContainerTaskConfig> = {}, overrides: Partial<Conta
     gpu: undefined,
     owner: "home-1",
   });
-  return { ...built, host: built.body.HostConfig as HostConfig };
+  const body = engineCreateBody(built);
+  return { name: built.name, spec: built, body, host: body.HostConfig as HostConfig };
 }
 
 describe("buildContainerSpec", () => {
@@ -131,7 +134,7 @@ describe("buildContainerSpec", () => {
       params,
       owner: "home-1",
       gpu: {
-        deviceRequests: [{ DeviceIDs: ["GPU-1"], Capabilities: [["gpu"]] }],
+        deviceRequests: [{ deviceIds: ["GPU-1"], capabilities: [["gpu"]] }],
         devices: [],
         mounts: [],
         capAdd: [],
@@ -139,7 +142,7 @@ describe("buildContainerSpec", () => {
         env: [],
       },
     });
-    const host = built.body.HostConfig as HostConfig;
+    const host = engineCreateBody(built).HostConfig as HostConfig;
     expect(host.DeviceRequests).toBeUndefined();
     expect(host.Devices).toEqual([
       { PathOnHost: "/dev/nvidia0", PathInContainer: "/dev/nvidia0", CgroupPermissions: "rwm" },

@@ -1,6 +1,13 @@
 import type { TaskConfig } from "../tasks/task-config.js";
 import type { GpuContainerConfig } from "./gpu-devices.js";
-import { LABEL_IS_TASK, LABEL_OWNER, LABEL_TASK_ID, type ContainerCreateSpec } from "./docker-client.js";
+import {
+  LABEL_IS_TASK,
+  LABEL_OWNER,
+  LABEL_TASK_ID,
+  type BindMount,
+  type ContainerSpec,
+  type DeviceMapping,
+} from "./docker-client.js";
 
 /** Where dstack-runner's dir and binary appear inside every task container. */
 export const CONTAINER_RUNNER_DIR = "/tmp/runner";
@@ -84,15 +91,16 @@ export function runnerLaunchScript(
   return `( ${prepare} ) && ${runner}`;
 }
 
-interface Mount {
-  Type: "bind";
-  Source: string;
-  Target: string;
-}
+/** The one device of InfiniBand, the same path on the host and in the container. */
+const INFINIBAND: DeviceMapping = {
+  pathOnHost: "/dev/infiniband",
+  pathInContainer: "/dev/infiniband",
+  cgroupPermissions: "rwm",
+};
 
 /**
- * The Engine API create body for a task (the one dstack-shim creates): labels, mounts, resources,
- * network, GPUs. Restart policy "no" and never auto-remove: the exit code must outlive us.
+ * The container of a task (the one dstack-shim creates): labels, mounts, resources, network,
+ * GPUs. The adapter turns it into the Engine API's create body (`engine-create-body.ts`).
  */
 export function buildContainerSpec(input: {
   readonly config: ContainerTaskConfig;
@@ -103,92 +111,69 @@ export function buildContainerSpec(input: {
   readonly gpu: GpuContainerConfig | undefined;
   /** The creating home's identity, written as the owner label. */
   readonly owner: string;
-}): ContainerCreateSpec {
+}): ContainerSpec {
   const { config, params, gpu } = input;
   const ports = [params.runnerHttpPort, params.runnerSshPort];
-  const mounts: Mount[] = [{ Type: "bind", Source: input.runnerDir, Target: CONTAINER_RUNNER_DIR }];
+  const mounts: BindMount[] = [{ source: input.runnerDir, target: CONTAINER_RUNNER_DIR }];
   if (!config.command) {
-    mounts.push({ Type: "bind", Source: params.runnerBinaryPath, Target: CONTAINER_RUNNER_BINARY });
+    mounts.push({ source: params.runnerBinaryPath, target: CONTAINER_RUNNER_BINARY });
   }
   for (const m of config.volume_mounts) {
-    mounts.push({ Type: "bind", Source: `${params.volumeMountRoot}/${m.name}`, Target: m.path });
+    mounts.push({ source: `${params.volumeMountRoot}/${m.name}`, target: m.path });
   }
   for (const m of config.instance_mounts) {
-    mounts.push({ Type: "bind", Source: m.instance_path, Target: m.path });
+    mounts.push({ source: m.instance_path, target: m.path });
   }
 
-  const devices: { PathOnHost: string; PathInContainer: string; CgroupPermissions: string }[] = [];
-  let gpuHostConfig: Record<string, unknown> = {};
-  let gpuEnv: readonly string[] = [];
+  const devices: DeviceMapping[] = [];
   // `gpu` is given only when the task holds GPUs; explicit gpu_devices replace the vendor setup.
+  const vendorGpu = gpu && config.gpu_devices.length === 0 ? gpu : undefined;
   if (gpu && config.gpu_devices.length > 0) {
     devices.push(
       ...config.gpu_devices.map((d) => ({
-        PathOnHost: d.path_on_host,
-        PathInContainer: d.path_in_container,
-        CgroupPermissions: "rwm",
+        pathOnHost: d.path_on_host,
+        pathInContainer: d.path_in_container,
+        cgroupPermissions: "rwm",
       })),
     );
-  } else if (gpu) {
-    devices.push(...gpu.devices);
-    mounts.push(...gpu.mounts);
-    gpuEnv = gpu.env;
-    gpuHostConfig = {
-      ...(gpu.deviceRequests.length > 0 ? { DeviceRequests: gpu.deviceRequests } : {}),
-      ...(gpu.capAdd.length > 0 ? { CapAdd: gpu.capAdd } : {}),
-      ...(gpu.securityOpt.length > 0 ? { SecurityOpt: gpu.securityOpt } : {}),
-      ...(gpu.ipcMode ? { IpcMode: gpu.ipcMode } : {}),
-      ...(gpu.runtime ? { Runtime: gpu.runtime } : {}),
-    };
+  } else if (vendorGpu) {
+    devices.push(...vendorGpu.devices);
+    mounts.push(...vendorGpu.mounts);
   }
-  if (params.infiniband) {
-    devices.push({
-      PathOnHost: "/dev/infiniband",
-      PathInContainer: "/dev/infiniband",
-      CgroupPermissions: "rwm",
-    });
-  }
+  if (params.infiniband) devices.push(INFINIBAND);
 
   const env = [
     ...params.baseEnv,
     ...(params.pjrtDevice ? [`PJRT_DEVICE=${params.pjrtDevice}`] : []),
-    ...gpuEnv,
+    ...(vendorGpu?.env ?? []),
     ...Object.entries(config.env ?? {}).map(([k, v]) => `${k}=${v}`),
   ];
 
   const command = config.command
-    ? { Entrypoint: [config.command[0]], Cmd: config.command.slice(1) }
-    : { Entrypoint: ["/bin/sh", "-c"], Cmd: [runnerLaunchScript(config, params)] };
+    ? { entrypoint: [...config.command.slice(0, 1)], cmd: config.command.slice(1) }
+    : { entrypoint: ["/bin/sh", "-c"], cmd: [runnerLaunchScript(config, params)] };
 
-  const body: Record<string, unknown> = {
-    Image: config.image_name,
+  return {
+    name: input.containerName,
+    image: config.image_name,
     ...command,
-    Env: env,
-    User: config.container_user,
-    ExposedPorts: Object.fromEntries(ports.map((p) => [`${p}/tcp`, {}])),
-    Labels: { [LABEL_IS_TASK]: "true", [LABEL_TASK_ID]: config.id, [LABEL_OWNER]: input.owner },
-    HostConfig: {
-      Privileged: config.privileged || params.privileged,
-      NetworkMode: config.network_mode,
-      ...(config.network_mode === "bridge"
-        ? {
-            PortBindings: Object.fromEntries(
-              ports.map((p) => [`${p}/tcp`, [{ HostIp: "127.0.0.1", HostPort: "" }]]),
-            ),
-          }
-        : {}),
-      Mounts: mounts,
-      RestartPolicy: { Name: "no" },
-      AutoRemove: false,
-      ...(config.shm_size > 0
-        ? { ShmSize: config.shm_size, Tmpfs: { "/dev/shm": `exec,size=${config.shm_size}` } }
-        : {}),
-      ...(config.cpu > 0 ? { NanoCpus: Math.round(config.cpu * 1e9) } : {}),
-      ...(config.memory > 0 ? { Memory: config.memory } : {}),
-      ...(devices.length > 0 ? { Devices: devices } : {}),
-      ...(params.infiniband ? { Ulimits: [{ Name: "memlock", Soft: -1, Hard: -1 }] } : {}),
-      ...gpuHostConfig,
-    },
+    env,
+    user: config.container_user,
+    labels: { [LABEL_IS_TASK]: "true", [LABEL_TASK_ID]: config.id, [LABEL_OWNER]: input.owner },
+    networkMode: config.network_mode,
+    exposedPorts: ports,
+    publishedPorts: config.network_mode === "bridge" ? ports : [],
+    privileged: config.privileged || params.privileged,
+    mounts,
+    devices,
+    gpuRequests: vendorGpu?.deviceRequests ?? [],
+    capAdd: vendorGpu?.capAdd ?? [],
+    securityOpt: vendorGpu?.securityOpt ?? [],
+    ...(vendorGpu?.ipcMode ? { ipcMode: vendorGpu.ipcMode } : {}),
+    ...(vendorGpu?.runtime ? { runtime: vendorGpu.runtime } : {}),
+    shmSize: config.shm_size,
+    cpus: config.cpu,
+    memory: config.memory,
+    memlockUnlimited: params.infiniband,
   };
-  return { name: input.containerName, body };
 }

@@ -92,10 +92,68 @@ export interface ContainerEvent {
   readonly exitCode?: number;
 }
 
-/** Create options in the Engine API's own shape (POST /containers/create). */
-export interface ContainerCreateSpec {
+/** A host path bound into the container. */
+export interface BindMount {
+  readonly source: string;
+  readonly target: string;
+}
+
+/** A host device node given to the container. */
+export interface DeviceMapping {
+  readonly pathOnHost: string;
+  readonly pathInContainer: string;
+  /** The device cgroup's access, `rwm` for every device the shim passes. */
+  readonly cgroupPermissions: string;
+}
+
+/** A request for GPUs by id: NVIDIA's (no driver), or CDI devices by name (driver `cdi`). */
+export interface GpuRequest {
+  readonly driver?: string;
+  readonly deviceIds: readonly string[];
+  /** Alternative capability sets; an empty list asks for none (a CDI request). */
+  readonly capabilities: readonly (readonly string[])[];
+}
+
+/**
+ * A container as the shim decides it, in the shim's terms: what the create asks the engine for.
+ * The adapter turns it into the Engine API's create body; a field at its zero value asks for
+ * nothing (the engine's default). The restart policy is always "no" and the container is never
+ * auto-removed: its exit code must outlive the shim, so neither is a choice here.
+ */
+export interface ContainerSpec {
   readonly name: string;
-  readonly body: Record<string, unknown>;
+  readonly image: string;
+  /** The program and its arguments (the image's own are never used). */
+  readonly entrypoint: readonly string[];
+  readonly cmd: readonly string[];
+  /** `NAME=value`, in order. */
+  readonly env: readonly string[];
+  readonly user: string;
+  readonly labels: Readonly<Record<string, string>>;
+  readonly networkMode: "host" | "bridge";
+  /** Container ports (tcp) the image exposes. */
+  readonly exposedPorts: readonly number[];
+  /** Container ports (tcp) published on 127.0.0.1 at a host port the engine picks. */
+  readonly publishedPorts: readonly number[];
+  readonly privileged: boolean;
+  /** Bind mounts, in order. */
+  readonly mounts: readonly BindMount[];
+  readonly devices: readonly DeviceMapping[];
+  readonly gpuRequests: readonly GpuRequest[];
+  readonly capAdd: readonly string[];
+  readonly securityOpt: readonly string[];
+  /** The IPC namespace (`host`); absent: the engine's default. */
+  readonly ipcMode?: string;
+  /** The OCI runtime registered with the engine (Gaudi's `habana`); absent: the engine's default. */
+  readonly runtime?: string;
+  /** Bytes of an exec-able `/dev/shm`; 0: the engine's default. */
+  readonly shmSize: number;
+  /** CPUs, possibly fractional; 0: no limit. */
+  readonly cpus: number;
+  /** Bytes of memory; 0: no limit. */
+  readonly memory: number;
+  /** Lift the locked-memory limit (RDMA over InfiniBand pins its buffers). */
+  readonly memlockUnlimited: boolean;
 }
 
 /** The result of a removal that reached a confirmed end. */
@@ -110,7 +168,7 @@ export interface DockerClient {
   listTaskContainers(signal?: AbortSignal): Promise<TaskContainerSummary[]>;
   /** Inspects a container by id or name; `undefined` if it does not exist. */
   inspectContainer(idOrName: string, signal?: AbortSignal): Promise<ContainerDetails | undefined>;
-  createContainer(spec: ContainerCreateSpec, signal?: AbortSignal): Promise<string>;
+  createContainer(spec: ContainerSpec, signal?: AbortSignal): Promise<string>;
   startContainer(id: string, signal?: AbortSignal): Promise<void>;
   /** Stops a container (SIGTERM, SIGKILL after `timeoutSeconds`); a stopped or missing one is fine. */
   stopContainer(id: string, timeoutSeconds: number, signal?: AbortSignal): Promise<void>;

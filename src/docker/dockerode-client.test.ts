@@ -2,7 +2,7 @@ import { createServer } from "node:http";
 import type { AddressInfo } from "node:net";
 import { setTimeout as sleep } from "node:timers/promises";
 import { describe, expect, it } from "vitest";
-import { LABEL_CDI_DEVICES, LABEL_TASK_ID } from "./docker-client.js";
+import { LABEL_CDI_DEVICES, LABEL_TASK_ID, type ContainerSpec } from "./docker-client.js";
 import {
   mapDockerError,
   DockerConflictError,
@@ -18,8 +18,10 @@ import {
   parseEvent,
   splitLogLines,
 } from "./dockerode-client.js";
+import { engineCreateBody } from "./engine-create-body.js";
 import { EngineGpuUnsupportedError } from "./gpu-devices.js";
 import { DOCKER_20_10_VERSION, PODMAN_4_3_1_VERSION } from "../testing/engine-versions.js";
+import { plainContainerSpec } from "../testing/container-specs.js";
 import { rejected } from "../testing/thrown.js";
 
 function frame(stream: 1 | 2, text: string): Buffer {
@@ -233,15 +235,15 @@ async function fakeEngine(
   };
 }
 
-const gpuSpec = (hostConfig: Record<string, unknown>) => ({
-  name: "t1",
-  body: {
-    Image: "bb",
-    Labels: { [LABEL_TASK_ID]: "t1" },
-    HostConfig: { NetworkMode: "host", ...hostConfig },
-  },
-});
-const NVIDIA_REQUEST = { DeviceRequests: [{ DeviceIDs: ["GPU-a"], Capabilities: [["gpu", "utility"]] }] };
+const gpuSpec = (overrides: Partial<ContainerSpec>): ContainerSpec =>
+  plainContainerSpec({
+    name: "t1",
+    image: "bb",
+    labels: { [LABEL_TASK_ID]: "t1" },
+    networkMode: "host",
+    ...overrides,
+  });
+const NVIDIA_REQUEST = { gpuRequests: [{ deviceIds: ["GPU-a"], capabilities: [["gpu", "utility"]] }] };
 
 describe("detectEngine", () => {
   it("names the engine from GET /version", async () => {
@@ -265,7 +267,10 @@ describe("createContainer on each engine", () => {
       const spec = gpuSpec(NVIDIA_REQUEST);
       expect(await engine.client.createContainer(spec)).toBe("c0ffee");
       const create = engine.requests.find((r) => r.path.endsWith("/create"));
-      expect(create?.body).toEqual({ ...spec.body, name: "t1" });
+      expect(create?.body).toEqual({ ...engineCreateBody(spec), name: "t1" });
+      expect(create?.body.HostConfig).toMatchObject({
+        DeviceRequests: [{ DeviceIDs: ["GPU-a"], Capabilities: [["gpu", "utility"]] }],
+      });
     } finally {
       await engine.close();
     }
@@ -286,11 +291,17 @@ describe("createContainer on each engine", () => {
         "POST /containers/create",
       ]);
       const body = engine.requests[1]?.body;
-      expect(body?.HostConfig).toEqual({
-        NetworkMode: "host",
-        DeviceRequests: [{ Driver: "cdi", DeviceIDs: ["nvidia.com/gpu=GPU-a"] }],
+      const asBuilt = engineCreateBody(gpuSpec(NVIDIA_REQUEST));
+      // Only the GPUs differ from Docker's body: one CDI request (no capabilities) and its label.
+      expect(body).toEqual({
+        ...asBuilt,
+        name: "t1",
+        Labels: { [LABEL_TASK_ID]: "t1", [LABEL_CDI_DEVICES]: "nvidia.com/gpu=GPU-a" },
+        HostConfig: {
+          ...asBuilt.HostConfig,
+          DeviceRequests: [{ Driver: "cdi", DeviceIDs: ["nvidia.com/gpu=GPU-a"] }],
+        },
       });
-      expect(body?.Labels).toEqual({ [LABEL_TASK_ID]: "t1", [LABEL_CDI_DEVICES]: "nvidia.com/gpu=GPU-a" });
     } finally {
       await engine.close();
     }
@@ -310,10 +321,12 @@ describe("createContainer on each engine", () => {
   it("asks no engine which it is for a container without GPUs", async () => {
     const engine = await fakeEngine(PODMAN_4_3_1_VERSION);
     try {
-      const spec = gpuSpec({ Devices: [{ PathOnHost: "/dev/kfd", PathInContainer: "/dev/kfd" }] });
+      const spec = gpuSpec({
+        devices: [{ pathOnHost: "/dev/kfd", pathInContainer: "/dev/kfd", cgroupPermissions: "rwm" }],
+      });
       await engine.client.createContainer(spec);
       expect(engine.requests.map((r) => r.path)).toEqual(["/containers/create"]);
-      expect(engine.requests[0]?.body).toEqual({ ...spec.body, name: "t1" });
+      expect(engine.requests[0]?.body).toEqual({ ...engineCreateBody(spec), name: "t1" });
     } finally {
       await engine.close();
     }

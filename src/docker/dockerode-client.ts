@@ -12,9 +12,9 @@ import {
   LABEL_IS_TASK,
   LABEL_OWNER,
   LABEL_TASK_ID,
-  type ContainerCreateSpec,
   type ContainerDetails,
   type ContainerEvent,
+  type ContainerSpec,
   type DockerClient,
   type PullAuth,
   type RemovalConfirmed,
@@ -26,7 +26,8 @@ import {
   type EngineInfo,
   type EngineVersionSource,
 } from "./engine-info.js";
-import { hostConfigForEngine } from "./gpu-devices.js";
+import { engineCreateBody } from "./engine-create-body.js";
+import { gpuRequestsForEngine } from "./gpu-devices.js";
 import { completePodmanPull, containerStateOf } from "./podman-compat.js";
 import type { PortMapping } from "../tasks/task-parts.js";
 import {
@@ -94,7 +95,7 @@ export class DockerodeClient
   implements DockerClient, EngineVersionSource, EngineStorageRoot, EngineFingerprintSource
 {
   private readonly docker: Docker;
-  /** The engine as last detected: a create with GPUs is translated for it (`hostConfigForEngine`). */
+  /** The engine as last detected: a create with GPUs is translated for it (`specForEngine`). */
   private engine: EngineInfo | undefined;
   /** Creates that missed their deadline and still run, each with the removal of what it made. */
   private readonly lateCreates = new Set<Promise<void>>();
@@ -249,8 +250,13 @@ export class DockerodeClient
    * names it. When that answer arrives, the container is removed (a confirmed removal), so a
    * start that gave up leaves no orphan behind (`late-create.ts`).
    */
-  async createContainer(spec: ContainerCreateSpec, signal?: AbortSignal): Promise<string> {
-    const body = await this.bodyForEngine(spec.body, signal);
+  async createContainer(spec: ContainerSpec, signal?: AbortSignal): Promise<string> {
+    // Only a spec with GPU requests needs to know the engine (detected now if it is not known yet).
+    const engineSpec =
+      spec.gpuRequests.length === 0
+        ? spec
+        : specForEngine(spec, this.engine ?? (await this.detectEngine(signal)).info);
+    const body = engineCreateBody(engineSpec);
     const start = process.hrtime.bigint();
     const create = createUnderDeadline(
       (abortSignal) => this.docker.createContainer({ ...body, name: spec.name, abortSignal }),
@@ -291,28 +297,6 @@ export class DockerodeClient
    */
   async lateCreatesSettled(): Promise<void> {
     while (this.lateCreates.size > 0) await Promise.all([...this.lateCreates]);
-  }
-
-  /**
-   * The one place a create body differs by engine: GPUs go to Podman as CDI devices, recorded in
-   * a label ({@link LABEL_CDI_DEVICES}) since Podman's inspect does not report them. Only a body
-   * with device requests needs to know the engine (detected now if it is not known yet).
-   */
-  private async bodyForEngine(
-    body: Record<string, unknown>,
-    signal: AbortSignal | undefined,
-  ): Promise<Record<string, unknown>> {
-    const hostConfig = (body.HostConfig ?? {}) as Record<string, unknown>;
-    if (!Array.isArray(hostConfig.DeviceRequests) || hostConfig.DeviceRequests.length === 0) return body;
-    const engine = this.engine ?? (await this.detectEngine(signal)).info;
-    const translated = hostConfigForEngine(hostConfig, engine);
-    if (translated.cdiDevices.length === 0) return body;
-    const labels = (body.Labels ?? {}) as Record<string, string>;
-    return {
-      ...body,
-      Labels: { ...labels, [LABEL_CDI_DEVICES]: translated.cdiDevices.join(",") },
-      HostConfig: translated.hostConfig,
-    };
   }
 
   async startContainer(id: string, signal?: AbortSignal): Promise<void> {
@@ -522,6 +506,23 @@ export class DockerodeClient
       stream.destroy();
     }
   }
+}
+
+/**
+ * `spec` as `engine` takes it. The one place a create differs by engine: GPUs go to Podman as
+ * CDI devices, recorded in a label ({@link LABEL_CDI_DEVICES}) since Podman's inspect does not
+ * report them.
+ *
+ * @throws EngineGpuUnsupportedError when the engine cannot give the container its GPUs.
+ */
+export function specForEngine(spec: ContainerSpec, engine: EngineInfo): ContainerSpec {
+  const translated = gpuRequestsForEngine(spec.gpuRequests, engine);
+  if (translated.cdiDevices.length === 0) return spec;
+  return {
+    ...spec,
+    labels: { ...spec.labels, [LABEL_CDI_DEVICES]: translated.cdiDevices.join(",") },
+    gpuRequests: translated.gpuRequests,
+  };
 }
 
 /**

@@ -5,9 +5,10 @@ import {
   UnknownGpuIdError,
   gpuContainerConfig,
   gpuIdsFromContainer,
-  hostConfigForEngine,
+  gpuRequestsForEngine,
   nvidiaCdiName,
 } from "./gpu-devices.js";
+import type { GpuRequest } from "./docker-client.js";
 import type { EngineInfo } from "./engine-info.js";
 import { thrown } from "../testing/thrown.js";
 
@@ -51,25 +52,25 @@ describe("gpuContainerConfig", () => {
     const config = gpuContainerConfig(NVIDIA, ["GPU-b"]);
     expect(config.deviceRequests).toEqual([
       {
-        DeviceIDs: ["GPU-b"],
-        Capabilities: [["gpu", "utility", "compute", "graphics", "video", "display", "compat32"]],
+        deviceIds: ["GPU-b"],
+        capabilities: [["gpu", "utility", "compute", "graphics", "video", "display", "compat32"]],
       },
     ]);
     expect(config.devices).toEqual([]);
     expect(config.ipcMode).toBeUndefined();
     const retry = gpuContainerConfig(NVIDIA, ["GPU-b"], { nvidiaDisplay: false });
-    expect(retry.deviceRequests[0]?.Capabilities[0]).not.toContain("display");
+    expect(retry.deviceRequests[0]?.capabilities[0]).not.toContain("display");
   });
 
   it("passes AMD kfd and render nodes with host IPC, SYS_PTRACE and unconfined seccomp", () => {
     expect(gpuContainerConfig(AMD, ["/dev/dri/renderD136"])).toEqual({
       deviceRequests: [],
       devices: [
-        { PathOnHost: "/dev/kfd", PathInContainer: "/dev/kfd", CgroupPermissions: "rwm" },
+        { pathOnHost: "/dev/kfd", pathInContainer: "/dev/kfd", cgroupPermissions: "rwm" },
         {
-          PathOnHost: "/dev/dri/renderD136",
-          PathInContainer: "/dev/dri/renderD136",
-          CgroupPermissions: "rwm",
+          pathOnHost: "/dev/dri/renderD136",
+          pathInContainer: "/dev/dri/renderD136",
+          cgroupPermissions: "rwm",
         },
       ],
       mounts: [],
@@ -82,8 +83,8 @@ describe("gpuContainerConfig", () => {
 
   it("substitutes fixture nodes on the host side only", () => {
     expect(gpuContainerConfig(AMD_FIXTURE, ["/dev/dri/renderD128"]).devices).toEqual([
-      { PathOnHost: "/tmp/x/kfd", PathInContainer: "/dev/kfd", CgroupPermissions: "rwm" },
-      { PathOnHost: "/tmp/x/renderD128", PathInContainer: "/dev/dri/renderD128", CgroupPermissions: "rwm" },
+      { pathOnHost: "/tmp/x/kfd", pathInContainer: "/dev/kfd", cgroupPermissions: "rwm" },
+      { pathOnHost: "/tmp/x/renderD128", pathInContainer: "/dev/dri/renderD128", cgroupPermissions: "rwm" },
     ]);
   });
 
@@ -106,8 +107,8 @@ describe("gpuContainerConfig", () => {
     expect(config).toEqual({
       deviceRequests: [
         {
-          DeviceIDs: ["GPU-b", "GPU-a"],
-          Capabilities: [["gpu", "utility", "compute", "graphics", "video", "display", "compat32"]],
+          deviceIds: ["GPU-b", "GPU-a"],
+          capabilities: [["gpu", "utility", "compute", "graphics", "video", "display", "compat32"]],
         },
       ],
       devices: [],
@@ -117,12 +118,12 @@ describe("gpuContainerConfig", () => {
       env: [],
     });
     // The request holds a copy: the caller's list is not shared with the container spec.
-    expect(config.deviceRequests[0]?.DeviceIDs).not.toBe(ids);
+    expect(config.deviceRequests[0]?.deviceIds).not.toBe(ids);
     expect(
-      gpuContainerConfig(NVIDIA, ["GPU-a"], { nvidiaDisplay: false }).deviceRequests[0]?.Capabilities,
+      gpuContainerConfig(NVIDIA, ["GPU-a"], { nvidiaDisplay: false }).deviceRequests[0]?.capabilities,
     ).toEqual([["gpu", "utility", "compute", "graphics", "video", "compat32"]]);
     expect(
-      gpuContainerConfig(NVIDIA, ["GPU-a"], { nvidiaDisplay: true }).deviceRequests[0]?.Capabilities[0],
+      gpuContainerConfig(NVIDIA, ["GPU-a"], { nvidiaDisplay: true }).deviceRequests[0]?.capabilities[0],
     ).toContain("display");
   });
 });
@@ -162,7 +163,11 @@ describe("gpuIdsFromContainer", () => {
   it("maps fixture nodes back to GPU ids, round-tripping gpuContainerConfig", () => {
     const ids = ["/dev/dri/renderD128", "/dev/dri/renderD136"];
     const config = gpuContainerConfig(AMD_FIXTURE, ids);
-    expect(gpuIdsFromContainer(AMD_FIXTURE, { Devices: [...config.devices] })).toEqual(ids);
+    const Devices = config.devices.map((d) => ({
+      PathOnHost: d.pathOnHost,
+      PathInContainer: d.pathInContainer,
+    }));
+    expect(gpuIdsFromContainer(AMD_FIXTURE, { Devices })).toEqual(ids);
   });
 
   it("drops empty and missing NVIDIA ids, and reads no ids from an empty request", () => {
@@ -212,85 +217,76 @@ const DOCKER: EngineInfo = { kind: "docker", version: "20.10.24+dfsg1" };
 const PODMAN_5_5: EngineInfo = { kind: "podman", version: "5.5.0" };
 const PODMAN_4_3: EngineInfo = { kind: "podman", version: "4.3.1" };
 
-/** The HostConfig part container-spec.ts builds from a GPU config (the fields the engine sees). */
-function hostConfigOf(inventory: GpuInventory, ids: string[]): Record<string, unknown> {
-  const gpu = gpuContainerConfig(inventory, ids);
-  return {
-    NetworkMode: "host",
-    ...(gpu.devices.length > 0 ? { Devices: [...gpu.devices] } : {}),
-    ...(gpu.deviceRequests.length > 0 ? { DeviceRequests: [...gpu.deviceRequests] } : {}),
-    ...(gpu.ipcMode ? { IpcMode: gpu.ipcMode } : {}),
-  };
+/** The GPU requests container-spec.ts takes from a GPU config. */
+function requestsOf(inventory: GpuInventory, ids: string[]): readonly GpuRequest[] {
+  return gpuContainerConfig(inventory, ids).deviceRequests;
 }
 
-describe("hostConfigForEngine", () => {
+describe("gpuRequestsForEngine", () => {
   it("leaves Docker's NVIDIA device request as built", () => {
-    const hostConfig = hostConfigOf(NVIDIA, ["GPU-a", "GPU-b"]);
-    expect(hostConfigForEngine(hostConfig, DOCKER)).toEqual({ hostConfig, cdiDevices: [] });
+    const gpuRequests = requestsOf(NVIDIA, ["GPU-a", "GPU-b"]);
+    expect(gpuRequestsForEngine(gpuRequests, DOCKER)).toEqual({ gpuRequests, cdiDevices: [] });
   });
 
   it("turns NVIDIA's request into one CDI request by UUID on Podman 5.5 and later", () => {
-    const hostConfig = hostConfigOf(NVIDIA, ["GPU-b", "GPU-a"]);
-    const translated = hostConfigForEngine(hostConfig, PODMAN_5_5);
+    const gpuRequests = requestsOf(NVIDIA, ["GPU-b", "GPU-a"]);
+    const translated = gpuRequestsForEngine(gpuRequests, PODMAN_5_5);
     expect(translated).toEqual({
-      hostConfig: {
-        NetworkMode: "host",
-        DeviceRequests: [{ Driver: "cdi", DeviceIDs: ["nvidia.com/gpu=GPU-b", "nvidia.com/gpu=GPU-a"] }],
-      },
+      gpuRequests: [
+        { driver: "cdi", deviceIds: ["nvidia.com/gpu=GPU-b", "nvidia.com/gpu=GPU-a"], capabilities: [] },
+      ],
       cdiDevices: ["nvidia.com/gpu=GPU-b", "nvidia.com/gpu=GPU-a"],
     });
     // A copy: the spec the runner keeps is not changed.
-    expect(hostConfig.DeviceRequests).toEqual([
+    expect(gpuRequests).toEqual([
       {
-        DeviceIDs: ["GPU-b", "GPU-a"],
-        Capabilities: [["gpu", "utility", "compute", "graphics", "video", "display", "compat32"]],
+        deviceIds: ["GPU-b", "GPU-a"],
+        capabilities: [["gpu", "utility", "compute", "graphics", "video", "display", "compat32"]],
       },
     ]);
-    expect(hostConfigForEngine(hostConfig, { kind: "podman", version: "6.0.0-dev" }).cdiDevices).toHaveLength(
-      2,
-    );
+    expect(
+      gpuRequestsForEngine(gpuRequests, { kind: "podman", version: "6.0.0-dev" }).cdiDevices,
+    ).toHaveLength(2);
   });
 
   it("keeps names of a request already for CDI, and joins several requests into one", () => {
-    const hostConfig = {
-      DeviceRequests: [
-        { Driver: "cdi", DeviceIDs: ["nvidia.com/gpu=all"] },
-        { DeviceIDs: ["GPU-a", ""], Capabilities: [["gpu"]] },
-      ],
-    };
-    expect(hostConfigForEngine(hostConfig, PODMAN_5_5).hostConfig.DeviceRequests).toEqual([
-      { Driver: "cdi", DeviceIDs: ["nvidia.com/gpu=all", "nvidia.com/gpu=GPU-a"] },
+    const gpuRequests: GpuRequest[] = [
+      { driver: "cdi", deviceIds: ["nvidia.com/gpu=all"], capabilities: [] },
+      { deviceIds: ["GPU-a", ""], capabilities: [["gpu"]] },
+    ];
+    expect(gpuRequestsForEngine(gpuRequests, PODMAN_5_5).gpuRequests).toEqual([
+      { driver: "cdi", deviceIds: ["nvidia.com/gpu=all", "nvidia.com/gpu=GPU-a"], capabilities: [] },
     ]);
   });
 
   it("refuses GPUs on a Podman before 5.5, whose compatible API would start the container without them", () => {
-    const error = thrown(() => hostConfigForEngine(hostConfigOf(NVIDIA, ["GPU-a"]), PODMAN_4_3));
+    const error = thrown(() => gpuRequestsForEngine(requestsOf(NVIDIA, ["GPU-a"]), PODMAN_4_3));
     expect(error).toBeInstanceOf(EngineGpuUnsupportedError);
     expect(error.message).toBe(
       "Podman 4.3.1 cannot give a container GPUs through its Docker-compatible API (it drops device requests; CDI device requests are passed from Podman 5.5.0)",
     );
     expect(() =>
-      hostConfigForEngine(hostConfigOf(NVIDIA, ["GPU-a"]), { kind: "podman", version: "unknown" }),
+      gpuRequestsForEngine(requestsOf(NVIDIA, ["GPU-a"]), { kind: "podman", version: "unknown" }),
     ).toThrow(EngineGpuUnsupportedError);
   });
 
-  it("refuses a request by count on Podman: CDI takes devices by name", () => {
-    const byCount = { DeviceRequests: [{ Count: -1, Capabilities: [["gpu"]] }] };
-    expect(() => hostConfigForEngine(byCount, PODMAN_5_5)).toThrow(EngineGpuUnsupportedError);
-    expect(hostConfigForEngine(byCount, DOCKER).hostConfig).toBe(byCount);
+  it("refuses a request without device ids on Podman: CDI takes devices by name", () => {
+    const unnamed: GpuRequest[] = [{ deviceIds: [""], capabilities: [["gpu"]] }];
+    expect(() => gpuRequestsForEngine(unnamed, PODMAN_5_5)).toThrow(EngineGpuUnsupportedError);
+    expect(gpuRequestsForEngine(unnamed, DOCKER).gpuRequests).toBe(unnamed);
   });
 
-  it("leaves AMD's device nodes and a spec without GPUs as they are, on either engine", () => {
-    const amd = hostConfigOf(AMD, ["/dev/dri/renderD128"]);
+  it("leaves AMD's device nodes (no requests) and a spec without GPUs as they are, on either engine", () => {
+    expect(requestsOf(AMD, ["/dev/dri/renderD128"])).toEqual([]);
     for (const engine of [DOCKER, PODMAN_4_3, PODMAN_5_5]) {
-      expect(hostConfigForEngine(amd, engine)).toEqual({ hostConfig: amd, cdiDevices: [] });
-      const plain = { NetworkMode: "host", DeviceRequests: [] };
-      expect(hostConfigForEngine(plain, engine).hostConfig).toBe(plain);
+      const none: GpuRequest[] = [];
+      expect(gpuRequestsForEngine(none, engine)).toEqual({ gpuRequests: none, cdiDevices: [] });
+      expect(gpuRequestsForEngine(none, engine).gpuRequests).toBe(none);
     }
   });
 
   it("round-trips through gpuIdsFromContainer: CDI names read back as the inventory's UUIDs", () => {
-    const { cdiDevices } = hostConfigForEngine(hostConfigOf(NVIDIA, ["GPU-a", "GPU-b"]), PODMAN_5_5);
+    const { cdiDevices } = gpuRequestsForEngine(requestsOf(NVIDIA, ["GPU-a", "GPU-b"]), PODMAN_5_5);
     expect(cdiDevices).toEqual([nvidiaCdiName("GPU-a"), nvidiaCdiName("GPU-b")]);
     expect(
       gpuIdsFromContainer(NVIDIA, { DeviceRequests: [{ Driver: "cdi", DeviceIDs: [...cdiDevices] }] }),

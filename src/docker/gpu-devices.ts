@@ -2,7 +2,7 @@
  * The GPU ids of the host's inventory in Docker's terms: the `HostConfig` fields a container
  * needs to use them, and the way back from an inspected container to the ids it holds. GPU
  * detection is `host/gpu-inventory.ts`; this module only imports its types. The spec is built
- * for Docker; `hostConfigForEngine` is the one translation of its GPUs for Podman (CDI).
+ * for Docker; `gpuRequestsForEngine` is the one translation of its GPUs for Podman (CDI).
  */
 import { existsSync } from "node:fs";
 import { posix } from "node:path";
@@ -12,7 +12,7 @@ import type {
   HUGEPAGES_1G_PATH,
   TENSTORRENT_DEVICE_DIR,
 } from "../host/gpu-inventory.js";
-import type { ContainerDetails } from "./docker-client.js";
+import type { BindMount, ContainerDetails, DeviceMapping, GpuRequest } from "./docker-client.js";
 import { versionAtLeast, type EngineInfo } from "./engine-info.js";
 
 /** A GPU id that is not in the inventory was passed to {@link gpuContainerConfig}. */
@@ -62,12 +62,12 @@ export const HABANA_RUNTIME = "habana";
 /** The variable the habana runtime reads the accelerator indices from. */
 export const HABANA_VISIBLE_DEVICES = "HABANA_VISIBLE_DEVICES";
 
-/** The GPU part of a container spec (Docker `HostConfig` fields plus env). */
+/** The GPU part of a container spec (`ContainerSpec`'s fields of the same names, plus env). */
 export interface GpuContainerConfig {
-  readonly deviceRequests: readonly { Driver?: string; DeviceIDs: string[]; Capabilities: string[][] }[];
-  readonly devices: readonly { PathOnHost: string; PathInContainer: string; CgroupPermissions: string }[];
+  readonly deviceRequests: readonly GpuRequest[];
+  readonly devices: readonly DeviceMapping[];
   /** Bind mounts (Tenstorrent's huge pages). */
-  readonly mounts: readonly { Type: "bind"; Source: string; Target: string }[];
+  readonly mounts: readonly BindMount[];
   readonly capAdd: readonly string[];
   readonly securityOpt: readonly string[];
   readonly ipcMode?: string;
@@ -126,17 +126,17 @@ export function gpuContainerConfig(
     throw new UnknownGpuIdError(`unknown GPU id(s): ${(unknown.length > 0 ? unknown : ids).join(", ")}`);
   }
   const hostPath = (path: string): string => inventory.deviceOverrides?.[path] ?? path;
-  const device = (path: string) => ({
-    PathOnHost: hostPath(path),
-    PathInContainer: path,
-    CgroupPermissions: "rwm",
+  const device = (path: string): DeviceMapping => ({
+    pathOnHost: hostPath(path),
+    pathInContainer: path,
+    cgroupPermissions: "rwm",
   });
   switch (inventory.vendor) {
     case "nvidia": {
       const capabilities = NVIDIA_GPU_CAPABILITIES.filter(
         (cap) => cap !== "display" || options.nvidiaDisplay !== false,
       );
-      return { ...empty, deviceRequests: [{ DeviceIDs: [...ids], Capabilities: [capabilities] }] };
+      return { ...empty, deviceRequests: [{ deviceIds: [...ids], capabilities: [capabilities] }] };
     }
     case "amd":
       return {
@@ -152,7 +152,7 @@ export function gpuContainerConfig(
       return {
         ...empty,
         devices: ids.map((id) => device(`${TT_DEVICE_DIR}/${id}`)),
-        mounts: exists(hugepages) ? [{ Type: "bind", Source: hugepages, Target: HUGEPAGES_PATH }] : [],
+        mounts: exists(hugepages) ? [{ source: hugepages, target: HUGEPAGES_PATH }] : [],
       };
     }
     case "intel":
@@ -166,46 +166,37 @@ export function gpuContainerConfig(
   }
 }
 
-/** A device request as the create body carries it. */
-interface BodyDeviceRequest {
-  readonly Driver?: string;
-  readonly DeviceIDs?: readonly string[];
-  readonly Count?: number;
-  readonly Capabilities?: readonly (readonly string[])[];
-}
-
-/** A create body's HostConfig as the engine takes it, with the CDI devices it names. */
-export interface EngineHostConfig {
-  readonly hostConfig: Record<string, unknown>;
+/** A spec's GPU requests as the engine takes them, with the CDI devices they name. */
+export interface EngineGpuRequests {
+  readonly gpuRequests: readonly GpuRequest[];
   /** The CDI names of the container's GPUs (Podman only): the engine does not report them back. */
   readonly cdiDevices: readonly string[];
 }
 
 /**
- * The create body's `HostConfig` for `engine`. Docker takes it as built. Podman gets NVIDIA's
- * device request as one CDI request (`Driver: "cdi"`, `DeviceIDs: ["nvidia.com/gpu=<uuid>"]`):
- * the host needs the CDI spec of nvidia-container-toolkit, with UUID names. AMD's device nodes
- * (`/dev/kfd`, `/dev/dri/renderD*`) are plain devices on both engines and are left as they are.
+ * A spec's GPU requests for `engine`. Docker takes them as built. Podman gets NVIDIA's request as
+ * one CDI request (driver `cdi`, ids `nvidia.com/gpu=<uuid>`, no capabilities): the host needs
+ * the CDI spec of nvidia-container-toolkit, with UUID names. AMD's device nodes (`/dev/kfd`,
+ * `/dev/dri/renderD*`) are plain devices on both engines and are no requests at all.
  *
  * @throws EngineGpuUnsupportedError on a Podman before {@link PODMAN_CDI_REQUESTS_SINCE} (it would
  *   start the container without its GPUs), or for a request that names no device ids.
  */
-export function hostConfigForEngine(
-  hostConfig: Record<string, unknown>,
+export function gpuRequestsForEngine(
+  gpuRequests: readonly GpuRequest[],
   engine: EngineInfo,
-): EngineHostConfig {
-  const requests = (hostConfig.DeviceRequests ?? []) as readonly BodyDeviceRequest[];
-  if (engine.kind !== "podman" || requests.length === 0) return { hostConfig, cdiDevices: [] };
+): EngineGpuRequests {
+  if (engine.kind !== "podman" || gpuRequests.length === 0) return { gpuRequests, cdiDevices: [] };
   const cdiDevices: string[] = [];
-  for (const request of requests) {
-    const ids = (request.DeviceIDs ?? []).filter((id) => id !== "");
+  for (const request of gpuRequests) {
+    const ids = request.deviceIds.filter((id) => id !== "");
     if (ids.length === 0) {
       throw new EngineGpuUnsupportedError(
         "Podman takes GPUs only by name (CDI); a device request without device ids has none",
       );
     }
     // The spec's own requests are NVIDIA's (no driver); one already for CDI keeps its names.
-    cdiDevices.push(...(request.Driver === "cdi" ? ids : ids.map(nvidiaCdiName)));
+    cdiDevices.push(...(request.driver === "cdi" ? ids : ids.map(nvidiaCdiName)));
   }
   if (!versionAtLeast(engine.version, PODMAN_CDI_REQUESTS_SINCE)) {
     throw new EngineGpuUnsupportedError(
@@ -213,10 +204,7 @@ export function hostConfigForEngine(
         `(it drops device requests; CDI device requests are passed from Podman ${PODMAN_CDI_REQUESTS_SINCE.join(".")})`,
     );
   }
-  return {
-    hostConfig: { ...hostConfig, DeviceRequests: [{ Driver: "cdi", DeviceIDs: cdiDevices }] },
-    cdiDevices,
-  };
+  return { gpuRequests: [{ driver: "cdi", deviceIds: cdiDevices, capabilities: [] }], cdiDevices };
 }
 
 /** A device id as the inventory names the GPU: a CDI name of NVIDIA's kind loses its prefix. */

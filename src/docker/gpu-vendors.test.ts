@@ -2,10 +2,11 @@ import { describe, expect, it } from "vitest";
 import type { ContainerDetails } from "./docker-client.js";
 import type { GpuInfo, GpuInventory } from "../host/gpu-inventory.js";
 import { buildContainerSpec, type ContainerParams, type ContainerTaskConfig } from "./container-spec.js";
+import { engineCreateBody } from "./engine-create-body.js";
+import { specForEngine } from "./dockerode-client.js";
 import {
   gpuContainerConfig,
   gpuIdsFromContainer,
-  hostConfigForEngine,
   UnknownGpuIdError,
   type GpuContainerConfigOptions,
 } from "./gpu-devices.js";
@@ -76,14 +77,16 @@ function gpuFields(
   options: GpuContainerConfigOptions = {},
   task: Partial<ContainerTaskConfig> = {},
 ) {
-  const { body } = buildContainerSpec({
-    config: { ...config, ...task },
-    containerName: "job-1",
-    runnerDir: "/home/runners/job-1/runner",
-    params,
-    gpu: gpuContainerConfig(inventory, ids, options),
-    owner: "home-1",
-  });
+  const body = engineCreateBody(
+    buildContainerSpec({
+      config: { ...config, ...task },
+      containerName: "job-1",
+      runnerDir: "/home/runners/job-1/runner",
+      params,
+      gpu: gpuContainerConfig(inventory, ids, options),
+      owner: "home-1",
+    }),
+  );
   const host = body.HostConfig as Record<string, unknown>;
   return {
     Devices: host.Devices,
@@ -224,12 +227,15 @@ describe("the container spec per vendor, as dstack-shim's configureGpus sets it"
       [TENSTORRENT, ["0"]],
       [INTEL, ["0"]],
     ] as const) {
-      const gpu = gpuContainerConfig(inventory, ids, noHugepages);
-      const hostConfig = { Devices: [...gpu.devices], ...(gpu.runtime ? { Runtime: gpu.runtime } : {}) };
-      expect(hostConfigForEngine(hostConfig, { kind: "podman", version: "4.3.1" })).toEqual({
-        hostConfig,
-        cdiDevices: [],
+      const spec = buildContainerSpec({
+        config,
+        containerName: "job-1",
+        runnerDir: "/home/runners/job-1/runner",
+        params,
+        gpu: gpuContainerConfig(inventory, ids, noHugepages),
+        owner: "home-1",
       });
+      expect(specForEngine(spec, { kind: "podman", version: "4.3.1" })).toBe(spec);
     }
   });
 });
@@ -242,8 +248,8 @@ function inspected(
   const gpu = gpuContainerConfig(inventory, ids, withHugepages());
   return {
     hostConfig: {
-      Devices: gpu.devices.map((d) => ({ PathOnHost: d.PathOnHost, PathInContainer: d.PathInContainer })),
-      DeviceRequests: gpu.deviceRequests.map((r) => ({ DeviceIDs: [...r.DeviceIDs] })),
+      Devices: gpu.devices.map((d) => ({ PathOnHost: d.pathOnHost, PathInContainer: d.pathInContainer })),
+      DeviceRequests: gpu.deviceRequests.map((r) => ({ DeviceIDs: [...r.deviceIds] })),
     },
     env: ["PATH=/usr/bin", ...gpu.env],
   };

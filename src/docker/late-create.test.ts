@@ -6,6 +6,7 @@ import { DockerUnavailableError } from "./docker-errors.js";
 import { DockerodeClient } from "./dockerode-client.js";
 import { createUnderDeadline } from "./late-create.js";
 import { DeadlineExceededError } from "../exec/deadline-signal.js";
+import { plainContainerSpec } from "../testing/container-specs.js";
 import { rejected } from "../testing/thrown.js";
 
 /** A fake engine whose create answers after `createDelayMs`, and which records every request. */
@@ -59,7 +60,7 @@ class SlowEngine {
   }
 }
 
-const spec = { name: "taskshim-late", body: { Image: "busybox" } };
+const spec = plainContainerSpec({ name: "taskshim-late" });
 
 describe("DockerodeClient.createContainer past its deadline", () => {
   let engine: SlowEngine;

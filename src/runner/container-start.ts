@@ -1,5 +1,5 @@
 import { buildContainerSpec } from "../docker/container-spec.js";
-import { engineTime, type ContainerCreateSpec } from "../docker/docker-client.js";
+import { engineTime, type ContainerSpec } from "../docker/docker-client.js";
 import { DockerConflictError } from "../docker/docker-errors.js";
 import { gpuContainerConfig } from "../docker/gpu-devices.js";
 import { errorMessage } from "../errors/error-message.js";
@@ -162,7 +162,7 @@ async function replaceWithoutDisplay(
  * The container a task runs in: its config with the image reference in its pull form, and
  * NVIDIA's display capability unless `nvidiaDisplay` is false.
  */
-function containerSpec(ctx: RunnerContext, task: Task, nvidiaDisplay: boolean): ContainerCreateSpec {
+function containerSpec(ctx: RunnerContext, task: Task, nvidiaDisplay: boolean): ContainerSpec {
   const gpu =
     task.gpuIds.length > 0 ? gpuContainerConfig(ctx.inventory, task.gpuIds, { nvidiaDisplay }) : undefined;
   return buildContainerSpec({

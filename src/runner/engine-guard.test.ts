@@ -1,6 +1,7 @@
 import { describe, expect, it } from "vitest";
 import type { EngineFingerprint } from "../docker/engine-fingerprint.js";
 import { capturingLogger } from "../testing/capturing-logger.js";
+import { plainContainerSpec } from "../testing/container-specs.js";
 import { FakeDockerClient } from "../testing/fake-docker-client.js";
 import { EngineGuard, EngineMismatchError, GuardedDockerClient } from "./engine-guard.js";
 
@@ -62,7 +63,9 @@ describe("GuardedDockerClient", () => {
   it("creates no container on another engine", async () => {
     const { docker, fake, answer } = setup(DOCKER);
     answer(PODMAN);
-    await expect(docker.createContainer({ name: "t", body: {} })).rejects.toThrow(EngineMismatchError);
+    await expect(docker.createContainer(plainContainerSpec({ name: "t" }))).rejects.toThrow(
+      EngineMismatchError,
+    );
     expect(fake.containers.size).toBe(0);
   });
 
@@ -71,8 +74,8 @@ describe("GuardedDockerClient", () => {
     // Nothing to compare with yet: an absence is what the engine says.
     expect(await docker.inspectContainer("gone")).toBeUndefined();
     expect(recorded).toEqual([]);
-    await docker.createContainer({ name: "a", body: {} });
-    await docker.createContainer({ name: "b", body: {} });
+    await docker.createContainer(plainContainerSpec({ name: "a" }));
+    await docker.createContainer(plainContainerSpec({ name: "b" }));
     expect(recorded).toEqual([DOCKER]);
     expect(guard.state()).toEqual({ state: "bound", engine: DOCKER });
   });

@@ -10,7 +10,7 @@
 import type { Logger } from "pino";
 import type { Readable } from "node:stream";
 import type {
-  ContainerCreateSpec,
+  ContainerSpec,
   ContainerDetails,
   ContainerEvent,
   DockerClient,
@@ -159,7 +159,7 @@ export class GuardedDockerClient implements DockerClient {
     return details;
   }
 
-  async createContainer(spec: ContainerCreateSpec, signal?: AbortSignal): Promise<string> {
+  async createContainer(spec: ContainerSpec, signal?: AbortSignal): Promise<string> {
     await this.guard.verify(signal, false);
     return this.inner.createContainer(spec, signal);
   }

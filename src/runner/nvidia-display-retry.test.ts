@@ -1,5 +1,5 @@
 import { afterEach, describe, expect, it } from "vitest";
-import type { ContainerCreateSpec } from "../docker/docker-client.js";
+import type { ContainerSpec } from "../docker/docker-client.js";
 import { DockerApiError } from "../docker/docker-errors.js";
 import type { GpuInventory } from "../host/gpu-inventory.js";
 import { capturingLogger } from "../testing/capturing-logger.js";
@@ -53,9 +53,8 @@ async function nvidiaHost(inventory: GpuInventory = NVIDIA): Promise<void> {
 /** The capability lists of every create request, in order. */
 function createdCapabilities(): unknown[] {
   return env.docker.callsOf("createContainer").map((call) => {
-    const spec = call.args[0] as ContainerCreateSpec;
-    const host = spec.body.HostConfig as { DeviceRequests?: { Capabilities: string[][] }[] };
-    return host.DeviceRequests?.[0]?.Capabilities[0];
+    const spec = call.args[0] as ContainerSpec;
+    return spec.gpuRequests[0]?.capabilities[0];
   });
 }
 
@@ -75,7 +74,7 @@ describe("NVIDIA without /dev/nvidia-modeset", () => {
     expect(createdCapabilities()).toEqual([WITH_DISPLAY, WITHOUT_DISPLAY]);
     const [first, second] = env.docker
       .callsOf("createContainer")
-      .map((c) => (c.args[0] as ContainerCreateSpec).name);
+      .map((c) => (c.args[0] as ContainerSpec).name);
     expect(second).toBe(first);
     // The first container is gone (a confirmed removal); the task runs in the second.
     expect(env.docker.count("removeContainer")).toBe(1);

@@ -3,7 +3,7 @@
  * the disk cannot record: where it stops, what it leaves, and what it tells the operator.
  */
 import { describe, expect, it, vi } from "vitest";
-import type { ContainerCreateSpec } from "../docker/docker-client.js";
+import type { ContainerSpec } from "../docker/docker-client.js";
 import { DockerConflictError } from "../docker/docker-errors.js";
 import { UserKeysReconcileError } from "../host/authorized-keys.js";
 import { sshEd25519PublicKey } from "../testing/fixtures.js";
@@ -245,7 +245,7 @@ describe("TaskRunner.start with a container it did not start", () => {
       gpu_devices: [{ path_on_host: "/dev/kfd", path_in_container: "/dev/kfd" }],
     });
     expect(task.status).toBe("running");
-    const spec = env.docker.callsOf("createContainer")[0]?.args[0] as ContainerCreateSpec;
-    expect(JSON.stringify(spec.body)).not.toContain("/dev/kfd");
+    const spec = env.docker.callsOf("createContainer")[0]?.args[0] as ContainerSpec;
+    expect(JSON.stringify(spec)).not.toContain("/dev/kfd");
   });
 });

@@ -6,12 +6,7 @@ import { existsSync } from "node:fs";
 import { mkdir } from "node:fs/promises";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
-import {
-  LABEL_IS_TASK,
-  LABEL_OWNER,
-  LABEL_TASK_ID,
-  type ContainerCreateSpec,
-} from "../docker/docker-client.js";
+import { LABEL_IS_TASK, LABEL_OWNER, LABEL_TASK_ID, type ContainerSpec } from "../docker/docker-client.js";
 import { UserKeysReconcileError } from "../host/authorized-keys.js";
 import { containerNameFor } from "../tasks/container-name.js";
 import { sshEd25519PublicKey, taskConfig } from "../testing/fixtures.js";
@@ -113,8 +108,8 @@ describe("TaskRunner.start resumed with a recorded container", () => {
 
   it("gives a task without GPUs no devices, and records the ports of a bridge task only", async () => {
     const host = await env.submitAndStart();
-    const spec = env.docker.callsOf("createContainer")[0]?.args[0] as ContainerCreateSpec;
-    expect(JSON.stringify(spec.body)).not.toContain("/dev/dri");
+    const spec = env.docker.callsOf("createContainer")[0]?.args[0] as ContainerSpec;
+    expect(JSON.stringify(spec)).not.toContain("/dev/dri");
     expect(host.ports).toEqual([]);
     env.docker.onNext("startContainer", () => {
       for (const c of env.docker.containers.values()) c.ports = [{ host: 32768, container: 10022 }];

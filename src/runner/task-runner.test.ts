@@ -2,12 +2,7 @@ import { existsSync, readFileSync } from "node:fs";
 import { readFile, rm, symlink } from "node:fs/promises";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
-import {
-  LABEL_IS_TASK,
-  LABEL_OWNER,
-  LABEL_TASK_ID,
-  type ContainerCreateSpec,
-} from "../docker/docker-client.js";
+import { LABEL_IS_TASK, LABEL_OWNER, LABEL_TASK_ID, type ContainerSpec } from "../docker/docker-client.js";
 import { DockerConflictError } from "../docker/docker-errors.js";
 import { TASK_STATE_FILE } from "../state/task-state-file.js";
 import { containerNameFor } from "../tasks/container-name.js";
@@ -177,10 +172,10 @@ describe("TaskRunner.start", () => {
 
     const creates = env.docker.callsOf("createContainer");
     expect(creates).toHaveLength(1);
-    const spec = creates[0]?.args[0] as ContainerCreateSpec;
+    const spec = creates[0]?.args[0] as ContainerSpec;
     expect(spec.name).toBe(containerNameFor(task.config.name, task.id));
     expect(spec.name).toMatch(new RegExp(`^${task.config.name}-[0-9a-f]{8}$`));
-    expect(spec.body.Labels).toEqual({
+    expect(spec.labels).toEqual({
       [LABEL_IS_TASK]: "true",
       [LABEL_TASK_ID]: task.id,
       [LABEL_OWNER]: env.ctx.ownership.homeId,

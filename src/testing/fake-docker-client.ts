@@ -7,8 +7,8 @@ import {
   LABEL_IS_TASK,
   LABEL_OWNER,
   LABEL_TASK_ID,
-  type ContainerCreateSpec,
   type ContainerMount,
+  type ContainerSpec,
   type ContainerDetails,
   type ContainerEvent,
   type ContainerState,
@@ -19,6 +19,7 @@ import {
 } from "../docker/docker-client.js";
 import type { PortMapping } from "../tasks/task-parts.js";
 import { DockerConflictError, DockerNotFoundError } from "../docker/docker-errors.js";
+import { inspectedHostConfig } from "./container-specs.js";
 import { pullStream, SUCCESSFUL_PULL_LINES } from "./pull-streams.js";
 
 /** The methods of the Docker port, as recorded by {@link FakeDockerClient}. */
@@ -327,7 +328,7 @@ export class FakeDockerClient implements DockerClient {
     });
   }
 
-  createContainer(spec: ContainerCreateSpec, signal?: AbortSignal): Promise<string> {
+  createContainer(spec: ContainerSpec, signal?: AbortSignal): Promise<string> {
     return this.invoke("createContainer", [spec], signal, () => {
       if (this.find(spec.name)) {
         throw new DockerConflictError(
@@ -335,16 +336,14 @@ export class FakeDockerClient implements DockerClient {
           409,
         );
       }
-      const body = spec.body;
-      const hostConfig = (body.HostConfig ?? {}) as ContainerDetails["hostConfig"];
       const container = this.addContainer({
         name: spec.name,
         state: "created",
-        labels: { ...((body.Labels ?? {}) as Record<string, string>) },
-        hostConfig,
-        env: Array.isArray(body.Env) ? (body.Env as string[]) : [],
+        labels: { ...spec.labels },
+        hostConfig: inspectedHostConfig(spec),
+        env: spec.env,
       });
-      container.image = typeof body.Image === "string" ? body.Image : "";
+      container.image = spec.image;
       return container.id;
     });
   }

@@ -65,7 +65,7 @@ export function hostConfigFor(
 ): ContainerDetails["hostConfig"] {
   const gpu = gpuContainerConfig(inventory, ids);
   return {
-    Devices: gpu.devices.map((d) => ({ PathOnHost: d.PathOnHost, PathInContainer: d.PathInContainer })),
-    DeviceRequests: gpu.deviceRequests.map((r) => ({ DeviceIDs: [...r.DeviceIDs] })),
+    Devices: gpu.devices.map((d) => ({ PathOnHost: d.pathOnHost, PathInContainer: d.pathInContainer })),
+    DeviceRequests: gpu.deviceRequests.map((r) => ({ DeviceIDs: [...r.deviceIds] })),
   };
 }
