@@ -9,91 +9,12 @@ import {
   DockerNotFoundError,
   DockerUnavailableError,
 } from "./docker-errors.js";
-import {
-  demuxLogBuffer,
-  deviceRequestsOf,
-  DockerodeClient,
-  extractPorts,
-  listedPorts,
-  parseEvent,
-  splitLogLines,
-} from "./dockerode-client.js";
+import { DockerodeClient } from "./dockerode-client.js";
 import { engineCreateBody } from "./engine-create-body.js";
 import { EngineGpuUnsupportedError } from "./gpu-devices.js";
 import { DOCKER_20_10_VERSION, PODMAN_4_3_1_VERSION } from "../testing/engine-versions.js";
 import { plainContainerSpec } from "../testing/container-specs.js";
 import { rejected } from "../testing/thrown.js";
-
-function frame(stream: 1 | 2, text: string): Buffer {
-  const payload = Buffer.from(text);
-  const header = Buffer.alloc(8);
-  header[0] = stream;
-  header.writeUInt32BE(payload.length, 4);
-  return Buffer.concat([header, payload]);
-}
-
-describe("demuxLogBuffer", () => {
-  it("joins stdout and stderr frames in stored order", () => {
-    const buffer = Buffer.concat([frame(1, "out1\n"), frame(2, "err\n"), frame(1, "out2\n")]);
-    expect(splitLogLines(demuxLogBuffer(buffer))).toEqual(["out1", "err", "out2"]);
-  });
-
-  it("returns a TTY log (no frame headers) as it is", () => {
-    expect(demuxLogBuffer(Buffer.from("plain tty output\n"))).toBe("plain tty output\n");
-  });
-
-  it("keeps an empty log empty", () => {
-    expect(splitLogLines(demuxLogBuffer(Buffer.alloc(0)))).toEqual([]);
-  });
-});
-
-describe("extractPorts", () => {
-  it("keeps IPv4 tcp bindings, sorted by container port", () => {
-    expect(
-      extractPorts({
-        "10999/tcp": [
-          { HostIp: "127.0.0.1", HostPort: "32768" },
-          { HostIp: "::1", HostPort: "32768" },
-        ],
-        "10022/tcp": [{ HostIp: "127.0.0.1", HostPort: "32769" }],
-        "53/udp": [{ HostIp: "127.0.0.1", HostPort: "32770" }],
-        "80/tcp": null,
-      }),
-    ).toEqual([
-      { host: 32769, container: 10022 },
-      { host: 32768, container: 10999 },
-    ]);
-  });
-
-  it("returns [] for no ports", () => {
-    expect(extractPorts(null)).toEqual([]);
-  });
-});
-
-describe("listedPorts", () => {
-  it("reads a list's Ports as extractPorts reads the same bindings of an inspect", () => {
-    expect(
-      listedPorts([
-        { IP: "127.0.0.1", PrivatePort: 10999, PublicPort: 32768, Type: "tcp" },
-        { IP: "::1", PrivatePort: 10999, PublicPort: 32768, Type: "tcp" },
-        { IP: "127.0.0.1", PrivatePort: 10022, PublicPort: 32769, Type: "tcp" },
-        { IP: "127.0.0.1", PrivatePort: 53, PublicPort: 32770, Type: "udp" },
-        { PrivatePort: 80, Type: "tcp" },
-      ]),
-    ).toEqual(
-      extractPorts({
-        "10999/tcp": [
-          { HostIp: "127.0.0.1", HostPort: "32768" },
-          { HostIp: "::1", HostPort: "32768" },
-        ],
-        "10022/tcp": [{ HostIp: "127.0.0.1", HostPort: "32769" }],
-        "53/udp": [{ HostIp: "127.0.0.1", HostPort: "32770" }],
-        "80/tcp": null,
-      }),
-    );
-    expect(listedPorts(undefined)).toEqual([]);
-  });
-});
 
 describe("mapDockerError", () => {
   it("maps status codes to typed errors with the engine's message", () => {
@@ -124,40 +45,6 @@ describe("mapDockerError", () => {
     ).toBeInstanceOf(DockerUnavailableError);
     const abort = Object.assign(new Error("aborted"), { name: "AbortError" });
     expect(mapDockerError(abort, "list").message).toContain("deadline exceeded or cancelled");
-  });
-});
-
-describe("parseEvent", () => {
-  const line = (attributes: Record<string, string>, action = "die") =>
-    JSON.stringify({ Type: "container", Action: action, Actor: { ID: "c0ffee", Attributes: attributes } });
-
-  it("carries a die event's exitCode attribute", () => {
-    expect(parseEvent(line({ "ai.dstack.shim.task-id": "t1", exitCode: "0" }))).toEqual({
-      action: "die",
-      containerId: "c0ffee",
-      taskId: "t1",
-      owner: "",
-      exitCode: 0,
-    });
-    expect(parseEvent(line({ "ai.dstack.shim.task-id": "t1", exitCode: "137" }))?.exitCode).toBe(137);
-  });
-
-  it("leaves the exit code out when the event has none or a malformed one", () => {
-    expect(parseEvent(line({ "ai.dstack.shim.task-id": "t1" }, "start"))).toEqual({
-      action: "start",
-      containerId: "c0ffee",
-      taskId: "t1",
-      owner: "",
-    });
-    expect(parseEvent(line({ "ai.dstack.shim.task-id": "t1", exitCode: "-1" }))).not.toHaveProperty(
-      "exitCode",
-    );
-    expect(parseEvent(line({ "ai.dstack.shim.task-id": "t1", exitCode: "" }))).not.toHaveProperty("exitCode");
-  });
-
-  it("ignores events of containers that are not tasks, and lines that are not JSON", () => {
-    expect(parseEvent(line({ exitCode: "0" }))).toBeUndefined();
-    expect(parseEvent("not json")).toBeUndefined();
   });
 });
 
@@ -380,24 +267,5 @@ describe("stopContainer on each engine", () => {
     } finally {
       await engine.close();
     }
-  });
-});
-
-describe("deviceRequestsOf", () => {
-  it("restores the CDI request from the label when the engine reports no device request", () => {
-    expect(deviceRequestsOf(null, "nvidia.com/gpu=GPU-a,nvidia.com/gpu=GPU-b")).toEqual([
-      { Driver: "cdi", DeviceIDs: ["nvidia.com/gpu=GPU-a", "nvidia.com/gpu=GPU-b"] },
-    ]);
-    expect(deviceRequestsOf([], "nvidia.com/gpu=GPU-a")).toEqual([
-      { Driver: "cdi", DeviceIDs: ["nvidia.com/gpu=GPU-a"] },
-    ]);
-  });
-
-  it("keeps what the engine reports, and nothing without a label", () => {
-    const reported = [{ DeviceIDs: ["GPU-a"] }];
-    expect(deviceRequestsOf(reported, "nvidia.com/gpu=GPU-b")).toBe(reported);
-    expect(deviceRequestsOf(null, undefined)).toBeNull();
-    expect(deviceRequestsOf(undefined, "")).toBeNull();
-    expect(deviceRequestsOf([], undefined)).toEqual([]);
   });
 });

@@ -3,7 +3,7 @@ import type { ContainerDetails } from "./docker-client.js";
 import type { GpuInfo, GpuInventory } from "../host/gpu-inventory.js";
 import { buildContainerSpec, type ContainerParams, type ContainerTaskConfig } from "./container-spec.js";
 import { engineCreateBody } from "./engine-create-body.js";
-import { specForEngine } from "./dockerode-client.js";
+import { specForEngine } from "./engine-containers.js";
 import {
   gpuContainerConfig,
   gpuIdsFromContainer,

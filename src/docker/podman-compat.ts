@@ -1,8 +1,9 @@
 /*
  * Where Podman's Docker-compatible API answers differently from Docker's, and the shim must not
- * notice. Each difference is one small function with the reason it exists; the adapter
- * (`dockerode-client.ts`) calls it only when the engine is Podman. Differences found by running
- * the docker tests on Podman 4.3.1 (TESTING.md, "Two engines").
+ * notice. Each difference is one small function with the reason it exists; the adapter's
+ * families of calls (`engine-*.ts`, `container-answers.ts`) call it only when the engine is
+ * Podman. Differences found by running the docker tests on Podman 4.3.1 (TESTING.md, "Two
+ * engines").
  */
 import { Transform, type Readable, pipeline } from "node:stream";
 import { StringDecoder } from "node:string_decoder";

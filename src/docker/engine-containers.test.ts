@@ -1,6 +1,6 @@
 import { describe, expect, it } from "vitest";
 import { LABEL_CDI_DEVICES } from "./docker-client.js";
-import { specForEngine } from "./dockerode-client.js";
+import { specForEngine } from "./engine-containers.js";
 import { EngineGpuUnsupportedError } from "./gpu-devices.js";
 import { plainContainerSpec } from "../testing/container-specs.js";
 
