@@ -1,28 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { demuxLogBuffer, parseEvent, splitLogLines } from "./engine-streams.js";
-
-function frame(stream: 1 | 2, text: string): Buffer {
-  const payload = Buffer.from(text);
-  const header = Buffer.alloc(8);
-  header[0] = stream;
-  header.writeUInt32BE(payload.length, 4);
-  return Buffer.concat([header, payload]);
-}
-
-describe("demuxLogBuffer", () => {
-  it("joins stdout and stderr frames in stored order", () => {
-    const buffer = Buffer.concat([frame(1, "out1\n"), frame(2, "err\n"), frame(1, "out2\n")]);
-    expect(splitLogLines(demuxLogBuffer(buffer))).toEqual(["out1", "err", "out2"]);
-  });
-
-  it("returns a TTY log (no frame headers) as it is", () => {
-    expect(demuxLogBuffer(Buffer.from("plain tty output\n"))).toBe("plain tty output\n");
-  });
-
-  it("keeps an empty log empty", () => {
-    expect(splitLogLines(demuxLogBuffer(Buffer.alloc(0)))).toEqual([]);
-  });
-});
+import { parseEvent, splitLogLines } from "./engine-streams.js";
 
 describe("parseEvent", () => {
   const line = (attributes: Record<string, string>, action = "die") =>

@@ -117,26 +117,6 @@ export function parseEvent(line: string): ContainerEvent | undefined {
   }
 }
 
-/**
- * Splits Docker's multiplexed log buffer (8-byte frame headers) into plain text, stdout and
- * stderr interleaved as stored. A TTY container has no headers: the buffer is used as is.
- */
-export function demuxLogBuffer(buffer: Buffer): string {
-  const parts: Buffer[] = [];
-  let offset = 0;
-  while (offset + 8 <= buffer.length) {
-    const stream = buffer[offset];
-    const size = buffer.readUInt32BE(offset + 4);
-    if ((stream !== 0 && stream !== 1 && stream !== 2) || buffer[offset + 1] !== 0) {
-      return buffer.toString("utf8");
-    }
-    parts.push(buffer.subarray(offset + 8, offset + 8 + size));
-    offset += 8 + size;
-  }
-  if (offset === 0 && buffer.length > 0) return buffer.toString("utf8");
-  return Buffer.concat(parts).toString("utf8");
-}
-
 /** Splits log text into lines without the trailing empty line. */
 export function splitLogLines(text: string): string[] {
   const lines = text.split(/\r?\n/);
