@@ -72,6 +72,7 @@ export class EngineContainers {
     private readonly timeouts: ContainerCallTimeouts,
   ) {}
 
+  /** The task containers (labelled), running or not. */
   async list(signal?: AbortSignal): Promise<TaskContainerSummary[]> {
     const containers = await this.calls.call("list", DOCKER_DEADLINES.list, signal, (abortSignal) =>
       this.calls.docker.listContainers({ all: true, filters: TASK_FILTER, abortSignal }),
@@ -79,6 +80,7 @@ export class EngineContainers {
     return containers.map(containerSummaryOf);
   }
 
+  /** Inspects a container by id or name; `undefined` if it does not exist. */
   async inspect(idOrName: string, signal?: AbortSignal): Promise<ContainerDetails | undefined> {
     try {
       const info = await this.calls.call("inspect", DOCKER_DEADLINES.inspect, signal, (abortSignal) =>
@@ -137,6 +139,7 @@ export class EngineContainers {
     while (this.lateCreates.size > 0) await Promise.all([...this.lateCreates]);
   }
 
+  /** Starts a container; one already running is fine. */
   async start(id: string, signal?: AbortSignal): Promise<void> {
     try {
       await this.calls.call("start", DOCKER_DEADLINES.start, signal, (abortSignal) =>
@@ -149,6 +152,10 @@ export class EngineContainers {
     }
   }
 
+  /**
+   * Stops a container (SIGTERM, SIGKILL after `timeoutSeconds`); a stopped or missing one is
+   * fine. On Podman it answers once the container's exit code can be read.
+   */
   async stop(id: string, timeoutSeconds: number, signal?: AbortSignal): Promise<void> {
     const deadline = timeoutSeconds * 1000 + DOCKER_DEADLINES.stopExtra;
     try {

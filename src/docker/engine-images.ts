@@ -16,6 +16,7 @@ export class EngineImages {
     private readonly system: EngineSystem,
   ) {}
 
+  /** Whether the image is on the engine (an image inspect). */
   async exists(reference: string, signal?: AbortSignal): Promise<boolean> {
     try {
       await this.calls.call("image-inspect", DOCKER_DEADLINES.image, signal, (abortSignal) =>

@@ -27,6 +27,7 @@ export class EngineSystem {
     return this.detected ?? (await this.detectEngine(signal)).info;
   }
 
+  /** `GET /_ping`. */
   async ping(signal?: AbortSignal): Promise<void> {
     // @types/dockerode lacks ping's options, but dockerode honours `abortSignal` there too.
     const ping = this.calls.docker.ping.bind(this.calls.docker) as unknown as SignalledCall;
