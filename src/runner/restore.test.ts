@@ -15,7 +15,8 @@ import { waitFor } from "../testing/wait-for.js";
 import { armFailpoints } from "./failpoints.js";
 import { ContainerOwnership } from "./ownership.js";
 import { REGISTRY_AUTH_FILE } from "./registry-auth-file.js";
-import { recoveredVolumes, restoreTasks } from "./restore.js";
+import { recoveredVolumes } from "./restore-legacy.js";
+import { restoreTasks } from "./restore.js";
 
 const BOTH_GPUS = ["/dev/dri/renderD128", "/dev/dri/renderD129"];
 
