@@ -145,6 +145,23 @@ describe("the folder graph", () => {
   });
 });
 
+describe("the files", () => {
+  /** The most lines a production file has before its header must say why it is not split. */
+  const MAX_LINES = 450;
+
+  it(`are at most ${MAX_LINES} lines, or say in their header why not`, async () => {
+    const long: string[] = [];
+    for (const path of await productionFiles()) {
+      const lines = (await readFile(join(SRC, path), "utf8")).split("\n");
+      // The header: the comments before the first declaration, where a file says what it holds.
+      const header = lines.slice(0, 40).join("\n");
+      if (lines.length > MAX_LINES && !/longer than 450 lines because/i.test(header))
+        long.push(`${path}: ${lines.length} lines`);
+    }
+    expect(long).toEqual([]);
+  });
+});
+
 describe("the docs", () => {
   /** Every file of the repo (dependencies, build output and git aside), relative to its root. */
   async function repoFiles(): Promise<Set<string>> {
