@@ -10,6 +10,23 @@ describe("redactUrl", () => {
     expect(redactUrl("not a url?secret")).toBe("not a url");
   });
 
+  it("returns a URL without secrets exactly as written, not as the URL parser would normalise it", () => {
+    expect(redactUrl("HTTP://Example.COM/a/../b")).toBe("HTTP://Example.COM/a/../b");
+  });
+
+  it("redacts each secret on its own: a user, a password, a query string or a fragment alone", () => {
+    expect(redactUrl("https://bob@host/f")).toBe("https://host/f");
+    expect(redactUrl("https://:pw@host/f")).toBe("https://host/f");
+    expect(redactUrl("https://host/f?sig=1")).toBe("https://host/f");
+    expect(redactUrl("https://host/f#token")).toBe("https://host/f");
+  });
+
+  it("redacts a URL the parser refuses by its text: the userinfo up to the @, then from ? or #", () => {
+    expect(redactUrl("http://bob:pw@[bad/p?sig=1#f")).toBe("http://[bad/p");
+    expect(redactUrl("http://[bad/p#frag")).toBe("http://[bad/p");
+    expect(redactUrl("http://[bad/p and more")).toBe("http://[bad/p and more");
+  });
+
   it("redacts every URL inside a message", () => {
     expect(
       redactUrlsIn(
