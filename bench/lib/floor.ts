@@ -1,0 +1,131 @@
+import { execFile, spawn } from "node:child_process";
+import { readFile, writeFile } from "node:fs/promises";
+import { join, resolve } from "node:path";
+import { setTimeout as sleep } from "node:timers/promises";
+import { promisify } from "node:util";
+import { transform } from "esbuild";
+import { bundleLaunch } from "../../test/support/shim-process.js";
+import { firstAnswer } from "./first-answer.js";
+
+const execFileAsync = promisify(execFile);
+
+/** The floor process's source (bench/b3-floor.ts): Node.js builtins only. */
+export const FLOOR_SOURCE = resolve(import.meta.dirname, "../b3-floor.ts");
+
+/**
+ * Writes the floor as plain JavaScript (`<dir>/b3-floor.mjs`) and returns its path. The types are
+ * stripped here, once, because Node's own stripping of a `.ts` entry costs ~50 ms of every start
+ * (its TypeScript transformer is loaded first), a cost no shim pays.
+ */
+export async function compileFloor(dir: string): Promise<string> {
+  const { code } = await transform(await readFile(FLOOR_SOURCE, "utf8"), {
+    loader: "ts",
+    format: "esm",
+    platform: "node",
+  });
+  const path = join(dir, "b3-floor.mjs");
+  await writeFile(path, code);
+  return path;
+}
+
+/** What the floor process prints once it has answered: its marks in ms since it started. */
+export interface FloorMarks {
+  /** The first line of the script ran (Node.js's own start). */
+  readonly script: number;
+  readonly listed: number;
+  readonly read: number;
+  readonly listening: number;
+  readonly answered: number;
+  /** task.json files read. */
+  readonly files: number;
+}
+
+/** One run of the floor: spawn → its first answer (B3's client), the answer, and its own marks. */
+export interface FloorRun {
+  readonly ms: number;
+  readonly tasks: ReadonlyMap<string, string>;
+  readonly marks: FloorMarks;
+}
+
+/** Where one floor run reads and answers. */
+export interface FloorTarget {
+  /** The engine's URL (`unix:///path` or `tcp://host:port`). */
+  readonly engineUrl: string;
+  /** The shim home whose task dirs it reads. */
+  readonly home: string;
+  readonly port: number;
+}
+
+/**
+ * Spawns the compiled floor (`script`, from {@link compileFloor}) and times spawn → its first
+ * answer of `GET /api/tasks`, polled as B3 polls the restarted shim. The process is killed if it
+ * is still there at the end (an error on the way).
+ */
+export async function runFloor(script: string, target: FloorTarget, timeoutMs = 10_000): Promise<FloorRun> {
+  let output = "";
+  const started = performance.now();
+  const child = spawn(process.execPath, [script, target.engineUrl, target.home, String(target.port)], {
+    stdio: ["ignore", "pipe", "pipe"],
+  });
+  // "close", not "exit": the marks are on stdout, which may still be draining at "exit".
+  const closed = new Promise<number | null>((done) => child.once("close", (code) => done(code)));
+  child.stdout.on("data", (chunk: Buffer) => (output += chunk.toString("utf8")));
+  child.stderr.on("data", (chunk: Buffer) => (output += chunk.toString("utf8")));
+  try {
+    const first = await firstAnswer(
+      {
+        child,
+        url: `http://127.0.0.1:${target.port}`,
+        get logs() {
+          return output;
+        },
+      },
+      timeoutMs,
+    );
+    const code = await Promise.race([closed, sleep(5_000).then(() => "did not exit within 5 s")]);
+    if (code !== 0) throw new Error(`floor process: ${String(code)}:\n${output}`);
+    const last = output.trim().split("\n").at(-1) ?? "";
+    return { ms: first.at - started, tasks: first.tasks, marks: JSON.parse(last) as FloorMarks };
+  } finally {
+    if (child.exitCode === null && child.signalCode === null) child.kill("SIGKILL");
+  }
+}
+
+/** Wall times (ms) of `node <flags> <bundle> --version` and of a bare `node -e 0`, pair by pair. */
+export interface VersionPairs {
+  readonly version: readonly number[];
+  readonly bare: readonly number[];
+}
+
+/**
+ * `pairs` interleaved pairs of `node <flags> <bundle> --version` (the bundle's shebang's flags and
+ * environment: how an operator's `taskshim --version` starts) and `node -e 0`, each spawned and
+ * waited for the same way; the order within a pair alternates, so neither side always runs on
+ * the cache the other warmed.
+ */
+export async function timeVersionPairs(bundle: string, pairs: number): Promise<VersionPairs> {
+  const launch = bundleLaunch(bundle);
+  const timed = async (args: string[], env: NodeJS.ProcessEnv): Promise<number> => {
+    const started = performance.now();
+    const { stdout } = await execFileAsync(process.execPath, args, { env });
+    const ms = performance.now() - started;
+    if (args.includes("--version") && !/\d+\.\d+\.\d+/.test(stdout))
+      throw new Error(`${bundle} --version printed ${JSON.stringify(stdout)}`);
+    return ms;
+  };
+  const version: number[] = [];
+  const bare: number[] = [];
+  for (let i = 0; i < pairs; i++) {
+    const shim = (): Promise<number> =>
+      timed([...launch.flags, bundle, "--version"], { ...process.env, ...launch.env });
+    const node = (): Promise<number> => timed(["-e", "0"], process.env);
+    if (i % 2 === 0) {
+      version.push(await shim());
+      bare.push(await node());
+    } else {
+      bare.push(await node());
+      version.push(await shim());
+    }
+  }
+  return { version, bare };
+}
