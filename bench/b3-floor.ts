@@ -6,11 +6,12 @@
  * B3 client waits for. Node.js builtins only, no dependency and no line of the shim's code, so
  * what B3 spends above it is the shim's own cost.
  *
- * `node b3-floor.mjs <engine URL: unix:///path or tcp://host:port> <shim home> <port>`
+ * `node b3-floor.cjs <engine URL: unix:///path or tcp://host:port> <shim home> <port>`
  *
- * bench/lib/floor.ts runs it as plain JavaScript with the types stripped beforehand (Node's own
- * type stripping costs ~50 ms of every start, which would not be the floor's), hence erasable
- * TypeScript and node: imports only. Once it has answered it prints, on one line of stdout, its
+ * bench/lib/floor.ts runs it as plain CommonJS, as the shim's bundle is, compiled beforehand:
+ * Node's own type stripping costs ~50 ms of every start and its ES module loader ~30 ms (a `.mjs`
+ * importing node:http against a `.cjs` requiring it), neither of which a shim pays. Hence
+ * node: imports only, and no top-level await (CommonJS has none). Once it has answered it prints, on one line of stdout, its
  * own marks (ms since the process started) and how many task files it read, then exits.
  */
 import { readdir, readFile } from "node:fs/promises";
@@ -37,7 +38,7 @@ const marks = { script: performance.now(), listed: 0, read: 0, listening: 0, ans
 
 const [engineUrl, home, portText] = process.argv.slice(2);
 if (engineUrl === undefined || home === undefined || portText === undefined) {
-  process.stderr.write("usage: node b3-floor.mjs <engine URL> <shim home> <port>\n");
+  process.stderr.write("usage: node b3-floor.cjs <engine URL> <shim home> <port>\n");
   process.exit(2);
 }
 
@@ -86,30 +87,40 @@ async function readTaskFiles(root: string): Promise<Stored[]> {
   return read.filter((stored) => stored !== undefined);
 }
 
-// The list and the reads in flight together: neither needs the other.
-const [listed, stored] = await Promise.all([
-  listTaskContainers(engineUrl).finally(() => (marks.listed = performance.now())),
-  readTaskFiles(join(home, "runners")).finally(() => (marks.read = performance.now())),
-]);
-marks.files = stored.length;
+/** Lists and reads, then binds and answers one request; prints its marks once answered. */
+async function main(url: string, shimHome: string, port: number): Promise<void> {
+  // The list and the reads in flight together: neither needs the other.
+  const [listed, stored] = await Promise.all([
+    listTaskContainers(url).finally(() => (marks.listed = performance.now())),
+    readTaskFiles(join(shimHome, "runners")).finally(() => (marks.read = performance.now())),
+  ]);
+  marks.files = stored.length;
 
-const stateByName = new Map<string, string>();
-for (const container of listed) {
-  for (const name of container.Names ?? []) stateByName.set(name.replace(/^\//, ""), container.State ?? "");
-}
-// A task whose container is not running any more is over, whatever its file last said.
-const tasks = stored.map(({ name, id, status }) => ({
-  id,
-  status: stateByName.get(name) === "running" ? "running" : status === "running" ? "terminated" : status,
-}));
-const body = JSON.stringify({ tasks });
+  const stateByName = new Map<string, string>();
+  for (const container of listed) {
+    for (const name of container.Names ?? []) stateByName.set(name.replace(/^\//, ""), container.State ?? "");
+  }
+  // A task whose container is not running any more is over, whatever its file last said.
+  const tasks = stored.map(({ name, id, status }) => ({
+    id,
+    status: stateByName.get(name) === "running" ? "running" : status === "running" ? "terminated" : status,
+  }));
+  const body = JSON.stringify({ tasks });
 
-const server = createServer((_req, res) => {
-  res.writeHead(200, { "content-type": "application/json", connection: "close" });
-  res.end(body, () => {
-    marks.answered = performance.now();
-    process.stdout.write(`${JSON.stringify(marks)}\n`);
-    server.close();
+  const server = createServer((_req, res) => {
+    res.writeHead(200, { "content-type": "application/json", connection: "close" });
+    res.end(body, () => {
+      marks.answered = performance.now();
+      process.stdout.write(`${JSON.stringify(marks)}\n`);
+      server.close();
+    });
   });
+  server.listen(port, "127.0.0.1", () => (marks.listening = performance.now()));
+}
+
+main(engineUrl, home, Number(portText)).catch((error: unknown) => {
+  process.stderr.write(
+    `b3-floor: ${error instanceof Error ? (error.stack ?? error.message) : String(error)}\n`,
+  );
+  process.exit(1);
 });
-server.listen(Number(portText), "127.0.0.1", () => (marks.listening = performance.now()));

@@ -63,8 +63,8 @@ describe("B3's physical floor", () => {
       await taskDir(home, "bn-no-state", undefined);
       await taskDir(home, ".trash-bn-old", { id: "old", status: "running" });
       const script = await compileFloor(dir);
-      // Plain JavaScript: Node.js strips no types when it starts it.
-      expect(script).toMatch(/\.mjs$/);
+      // CommonJS, as the shim's bundle: Node.js strips no types and starts no ES module loader.
+      expect(script).toMatch(/\.cjs$/);
 
       const run = await runFloor(script, { engineUrl: `unix://${socket}`, home, port: await freePort() });
       expect(Object.fromEntries(run.tasks)).toEqual({
