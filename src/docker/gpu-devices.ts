@@ -12,7 +12,7 @@ import type {
   HUGEPAGES_1G_PATH,
   TENSTORRENT_DEVICE_DIR,
 } from "../host/gpu-inventory.js";
-import type { BindMount, ContainerDetails, DeviceMapping, GpuRequest } from "./docker-client.js";
+import type { ContainerDetails, ContainerSpec, DeviceMapping, GpuRequest } from "./docker-client.js";
 import { versionAtLeast, type EngineInfo } from "./engine-info.js";
 
 /** A GPU id that is not in the inventory was passed to {@link gpuContainerConfig}. */
@@ -62,21 +62,15 @@ export const HABANA_RUNTIME = "habana";
 /** The variable the habana runtime reads the accelerator indices from. */
 export const HABANA_VISIBLE_DEVICES = "HABANA_VISIBLE_DEVICES";
 
-/** The GPU part of a container spec (`ContainerSpec`'s fields of the same names, plus env). */
-export interface GpuContainerConfig {
+/** The GPU part of a container spec: `ContainerSpec`'s fields of the same names, its GPU requests and env. */
+export type GpuContainerConfig = Pick<
+  ContainerSpec,
+  "devices" | "mounts" | "capAdd" | "securityOpt" | "ipcMode" | "runtime"
+> & {
   readonly deviceRequests: readonly GpuRequest[];
-  readonly devices: readonly DeviceMapping[];
-  /** Bind mounts (Tenstorrent's huge pages). */
-  readonly mounts: readonly BindMount[];
-  readonly capAdd: readonly string[];
-  readonly securityOpt: readonly string[];
-  readonly ipcMode?: string;
-  /** The OCI runtime the engine runs the container with (Gaudi's `habana`); absent: the engine's default. */
-  readonly runtime?: string;
   readonly env: readonly string[];
-}
+};
 
-/** Options of {@link gpuContainerConfig}. */
 export interface GpuContainerConfigOptions {
   /**
    * Request NVIDIA's `display` capability (default true). A start that fails because the host has
