@@ -26,6 +26,7 @@ export default tseslint.config(
       "coverage/",
       "bench/results/",
       "scripts/*.mjs",
+      "scripts/*.cjs",
       "reports/",
       ".stryker-tmp/",
     ],

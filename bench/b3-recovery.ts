@@ -36,7 +36,7 @@ interface Trial {
  * the survivors `running` and the victims `terminated` — exits while down are final before
  * the first request is served.
  */
-async function trial(bench: Bench, fleet: Fleet, victimsCount: number): Promise<Trial> {
+async function trial(bench: Bench, fleet: Fleet, victimsCount: number, binary?: string): Promise<Trial> {
   const old = fleet.shim;
   const victims = await fleet.takeVictims(victimsCount);
   await bench.killShim(old);
@@ -44,7 +44,12 @@ async function trial(bench: Bench, fleet: Fleet, victimsCount: number): Promise<
 
   const started = performance.now();
   const startedWall = wallMs();
-  const shim = await bench.startShim({ home: old.home, port: old.port, waitReady: false });
+  const shim = await bench.startShim({
+    home: old.home,
+    port: old.port,
+    waitReady: false,
+    ...(binary !== undefined ? { binary } : {}),
+  });
   fleet.shim = shim;
   const first = await firstAnswer(shim, 30_000);
   const ms = first.at - started;
@@ -111,7 +116,11 @@ async function explainRestore(bench: Bench, fleet: Fleet): Promise<number> {
  * shim is restarted on the same home and port for what follows (B8). The floor reads the home
  * B3 restarts, and its every answer must list each running task of the fleet as running.
  */
-async function measureFloor(bench: Bench, fleet: Fleet): Promise<Pick<B3Figures, "floor" | "versionPairs">> {
+async function measureFloor(
+  bench: Bench,
+  fleet: Fleet,
+  binary: string | undefined,
+): Promise<Pick<B3Figures, "floor" | "versionPairs">> {
   const script = await compileFloor(await bench.tempDir("taskshim-bench-floor-"));
   const bundle = process.env.BENCH_SHIM_BUNDLE || SHIM_BUNDLE;
   const old = fleet.shim;
@@ -133,7 +142,7 @@ async function measureFloor(bench: Bench, fleet: Fleet): Promise<Pick<B3Figures,
       if (wrong.length > 0)
         problems.push(`run ${i + 1}: ${wrong.length} running tasks missing or not running`);
     }
-    versionPairs = await timeVersionPairs(bundle, VERSION_PAIRS);
+    versionPairs = await timeVersionPairs(bundle, VERSION_PAIRS, binary);
   } finally {
     fleet.shim = await bench.startShim({ home: old.home, port: old.port });
   }
@@ -148,8 +157,9 @@ async function measureFloor(bench: Bench, fleet: Fleet): Promise<Pick<B3Figures,
         : "; every answer listed the fleet running"),
   );
   bench.note(
-    `B3-version taskshim --version ${describe(versionPairs.version, " ms", 0)}; ` +
-      `node -e 0 ${describe(versionPairs.bare, " ms", 0)}`,
+    `B3-version taskshim --version: bundle ${describe(versionPairs.version, " ms", 0)}` +
+      (versionPairs.binary ? `, single binary ${describe(versionPairs.binary, " ms", 0)}` : "") +
+      `; node -e 0 ${describe(versionPairs.bare, " ms", 0)}`,
   );
   return { floor: { times, files: marks[0]?.files ?? 0, problems }, versionPairs };
 }
@@ -157,28 +167,47 @@ async function measureFloor(bench: Bench, fleet: Fleet): Promise<Pick<B3Figures,
 /**
  * B3: recovery from `kill -9` with the fleet running: restart → the API serves every task,
  * with the exits that happened while the shim was down already final. Each trial first tops
- * the fleet back up to its size. Median over trials, against two floors of the same run (the
- * old one, and the physical one of bench/b3-floor.ts), and the `--version` pair.
+ * the fleet back up to its size. The bundle's trials (`node dist/taskshim.cjs`, as `npm start`)
+ * and, given `binary`, the single binary's (as released: from its startup snapshot) take turns.
+ * Median over trials, against two floors of the same run (the old one, and the physical one of
+ * bench/b3-floor.ts), and the `--version` rounds.
  */
-export async function runB3(bench: Bench, fleet: Fleet, size: number): Promise<Row[]> {
+export async function runB3(bench: Bench, fleet: Fleet, size: number, binary?: string): Promise<Row[]> {
   const trials = bench.quick ? 2 : 3;
   const victims = bench.quick ? 3 : 10;
-  const results: Trial[] = [];
+  const forms = [undefined, ...(binary !== undefined ? [binary] : [])];
+  const results = new Map<string | undefined, Trial[]>(forms.map((form) => [form, []]));
   for (let t = 0; t < trials; t++) {
-    await fleet.grow(size);
-    await sleep(1_500);
-    results.push(await trial(bench, fleet, victims));
+    for (const form of forms) {
+      await fleet.grow(size);
+      await sleep(1_500);
+      results.get(form)?.push(await trial(bench, fleet, victims, form));
+    }
   }
-  const times = results.map((r) => r.ms);
-  const problems = results.flatMap((r) => r.problems);
   const ms3 = (values: number[]): string => values.map((v) => round(v, 0)).join("/");
-  bench.note(
-    `B3 restart → serving ${size} tasks (${victims} exited while down): ${ms3(times)} ms ` +
-      `= spawn → "tasks restored" ${ms3(results.map((r) => r.restoreMs))} ms + ` +
-      `→ "taskshim serving" ${ms3(results.map((r) => r.readyMs))} ms + first answer` +
-      (problems.length > 0 ? `; PROBLEMS: ${problems.join("; ")}` : "; every first answer was complete"),
-  );
+  const summary = (form: string | undefined): { times: number[]; problems: string[] } => {
+    const done = results.get(form) ?? [];
+    const times = done.map((r) => r.ms);
+    const problems = done.flatMap((r) => r.problems);
+    bench.note(
+      `B3 restart (${form === undefined ? "bundle" : "single binary"}) → serving ${size} tasks ` +
+        `(${victims} exited while down): ${ms3(times)} ms ` +
+        `= spawn → "tasks restored" ${ms3(done.map((r) => r.restoreMs))} ms + ` +
+        `→ "taskshim serving" ${ms3(done.map((r) => r.readyMs))} ms + first answer` +
+        (problems.length > 0 ? `; PROBLEMS: ${problems.join("; ")}` : "; every first answer was complete"),
+    );
+    return { times, problems };
+  };
+  const ofBundle = summary(undefined);
+  const ofBinary = binary !== undefined ? summary(binary) : undefined;
   const oldFloorMs = await explainRestore(bench, fleet);
-  const measured = await measureFloor(bench, fleet);
-  return b3Rows({ size, victims, times, problems, oldFloorMs, ...measured });
+  const measured = await measureFloor(bench, fleet, binary);
+  return b3Rows({
+    size,
+    victims,
+    ...ofBundle,
+    oldFloorMs,
+    ...measured,
+    ...(ofBinary ? { binary: ofBinary } : {}),
+  });
 }

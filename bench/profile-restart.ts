@@ -7,14 +7,15 @@ import { logTimes } from "./lib/log-times.js";
 import { median, round } from "./lib/stats.js";
 
 /*
- * `npx tsx bench/profile-restart.ts [--tasks 200] [--runs 5] [--min-ms 10] [--out DIR]`
+ * `npx tsx bench/profile-restart.ts [--tasks 200] [--runs 5] [--min-ms 10] [--out DIR] [--binary FILE]`
  *
  * Where a restart's CPU goes (B3): grows a fleet of running tasks on one shim, then `--runs` times
  * `kill -9`s it, restarts it on the same home under `--cpu-prof` and stops it gracefully once it
  * logs "taskshim serving" (a profile is only written on a clean exit). Prints what ran before that
  * line, as the median over the runs (a sampled profile on a shared machine is noisy): self time
  * per function and inclusive time per frame, every item of at least `--min-ms`. Same set-up and
- * clean-up as `npm run bench` (everything named `bn-<nonce>-…`).
+ * clean-up as `npm run bench` (everything named `bn-<nonce>-…`). `--binary`: restart as that single
+ * binary (`dist/taskshim` of `npm run build:binary`), which takes `--cpu-prof` from NODE_OPTIONS too.
  */
 
 /** One node of a V8 `.cpuprofile`. */
@@ -90,6 +91,7 @@ const { values } = parseArgs({
     runs: { type: "string", default: "5" },
     "min-ms": { type: "string", default: "10" },
     out: { type: "string" },
+    binary: { type: "string" },
   },
 });
 const size = Number(values.tasks);
@@ -114,6 +116,7 @@ try {
       home: fleet.shim.home,
       port: fleet.shim.port,
       env: { NODE_OPTIONS: `--cpu-prof --cpu-prof-dir=${dir}` },
+      ...(values.binary !== undefined ? { binary: values.binary } : {}),
     });
     serving.push((logTimes(fleet.shim.logs, "taskshim serving")[0] ?? Number.NaN) - spawned);
     await bench.stopShim(fleet.shim);

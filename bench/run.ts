@@ -183,8 +183,11 @@ async function main(): Promise<Row[]> {
   await timed("B7", () => runB7(bench));
   await timed("B10", () => runB10(bench));
 
-  // B8 and B9 roll single binaries A and B out (built here from the pinned Node.js).
-  const binaries = selected.has("B8") || selected.has("B9") ? await buildRolloutBinaries(bench) : undefined;
+  // B8 and B9 roll single binaries A and B out (built here from the pinned Node.js); B3 also
+  // restarts as A.
+  const binaries = ["B3", "B8", "B9"].some((id) => selected.has(id))
+    ? await buildRolloutBinaries(bench)
+    : undefined;
   // B9's shims come and go before the fleet of B3–B6/B8 is grown.
   if (binaries) await timed("B9", () => runB9(bench, shimCount, binaries));
 
@@ -213,7 +216,7 @@ async function main(): Promise<Row[]> {
     if (selected.has("B5")) await fleet.grow(fleetSize); // B4 killed a few
     await timed("B5", () => runB5(bench, fleet));
     if (selected.has("B6")) await notePeakRss(bench, fleet.shim);
-    await timed("B3", () => runB3(bench, fleet, fleetSize));
+    await timed("B3", () => runB3(bench, fleet, fleetSize, binaries?.A.path));
     if (binaries) await timed("B8", () => runB8(bench, fleet, fleetSize, binaries));
   }
   return rows.sort(compareRows);

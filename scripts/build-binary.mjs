@@ -4,8 +4,18 @@
 // as the executable that reads it).
 // Test builds may override the output, the version and the state-file format; a release's arm64
 // binary (scripts/release-artifacts.mjs) names another Node.js to inject into:
-//   node scripts/build-binary.mjs [--outfile F] [--version X.Y.Z] [--state-version N] [--no-code-cache]
-//                                 [--executable NODE --arch ARCH]
+//   node scripts/build-binary.mjs [--outfile F] [--version X.Y.Z] [--state-version N]
+//                                 [--start-from snapshot|code-cache|source] [--executable NODE --arch ARCH]
+// --start-from: what the binary starts from (default snapshot):
+// - snapshot: a V8 startup snapshot of the loaded bundle (`useSnapshot`): a start deserializes the
+//   heap the bundle's loading left and runs the command line (src/main.ts), with no compiling and
+//   no module evaluation (`taskshim --version` 1.6x `node -e 0` against 3x, BENCHMARKS.md). What
+//   the bundle reads while loading would be frozen into it: scripts/snapshot-check.cjs fails the
+//   build if it reads anything that differs per start (the environment, clocks, randomness, the
+//   host, files);
+// - code-cache: the bundle's source and V8's code cache of it (`useCodeCache`), compiled at start;
+// - source: the bundle's source alone, compiled at every start.
+// A snapshot and a code cache are made by this process's V8, so only for this node's arch.
 import { execFileSync, spawnSync } from "node:child_process";
 import { chmod, mkdir, mkdtemp, rename, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
@@ -27,9 +37,7 @@ const { values } = parseArgs({
     outfile: { type: "string", default: "dist/taskshim" },
     version: { type: "string" },
     "state-version": { type: "string" },
-    // V8's code cache of the bundle is embedded unless this is given (only to measure its effect:
-    // `taskshim --version` starts in 165 ms with it against 305 ms without, BENCHMARKS.md).
-    "no-code-cache": { type: "boolean", default: false },
+    "start-from": { type: "string", default: "snapshot" },
     // The official Node.js binary of another arch, of this very version (the blob --build-sea
     // writes is read by the executable it goes into: same version, as for the default below), and
     // that arch, checked against the file's ELF header and hashed into the build id.
@@ -47,15 +55,42 @@ if ((values.executable === undefined) !== (values.arch === undefined)) {
 }
 const executable = values.executable === undefined ? process.execPath : resolve(values.executable);
 const arch = values.arch ?? process.arch;
-// V8 makes the code cache by compiling the bundle in this process: for this arch only.
-if (arch !== process.arch && !values["no-code-cache"]) {
+const START_FROM = ["snapshot", "code-cache", "source"];
+const startFrom = values["start-from"];
+if (!START_FROM.includes(startFrom)) {
+  throw new BuildBinaryUsageError(`--start-from ${startFrom}: one of ${START_FROM.join(", ")}`);
+}
+if (arch !== process.arch && startFrom !== "source") {
   throw new BuildBinaryUsageError(
-    `--arch ${arch}: a V8 code cache can only be made for this node's ${process.arch}; add --no-code-cache`,
+    `--arch ${arch}: a V8 ${startFrom} can only be made for this node's ${process.arch}; add --start-from source`,
   );
 }
 await expectElfArch(executable, arch);
 
 const root = resolve(import.meta.dirname, "..");
+
+/**
+ * Loads the bundle in Node's snapshot builder under scripts/snapshot-check.cjs's traps; throws
+ * if it reads, while loading, anything a snapshot would freeze (its output says what, and where).
+ */
+function checkSnapshot(bundle, scratchBlob) {
+  const checked = spawnSync(
+    process.execPath,
+    [
+      ...NODE_FLAGS,
+      "--snapshot-blob",
+      scratchBlob,
+      "--build-snapshot",
+      join(root, "scripts/snapshot-check.cjs"),
+      bundle,
+    ],
+    { stdio: ["ignore", "inherit", "inherit"] },
+  );
+  if (checked.status !== 0)
+    throw new Error(
+      `the bundle cannot start from a snapshot: snapshot-check exited with ${checked.status ?? checked.signal}`,
+    );
+}
 const target = resolve(values.outfile);
 // Written beside the target and renamed onto it only once complete, so a failed build leaves
 // neither a partial executable nor anything else next to it (removed in `finally`).
@@ -90,15 +125,18 @@ try {
       executable,
       output: built,
       disableExperimentalSEAWarning: true,
-      useCodeCache: !values["no-code-cache"],
+      useSnapshot: startFrom === "snapshot",
+      useCodeCache: startFrom === "code-cache",
       // The flags of every launch path (systemd, supervise, by hand).
       execArgv: NODE_FLAGS,
     }),
   );
+  if (startFrom === "snapshot") checkSnapshot(bundle, join(work, "check.blob"));
   // Node reports success with one line, "Generated single executable <node> + <config> -> <output>":
   // not worth showing. Anything else it says (a warning, an error) is shown.
   // Under the binary's own flags: V8 rejects a code cache made under other flags (their hash is
-  // part of it), with "Warning: Code cache data rejected." at every start and no cache used.
+  // part of it), with "Warning: Code cache data rejected." at every start and no cache used; a
+  // snapshot is likewise made by V8 under the flags it will run with.
   const said = spawnSync(process.execPath, [...NODE_FLAGS, "--build-sea", config], { encoding: "utf8" });
   const lines = `${said.stdout}${said.stderr}`
     .split("\n")

@@ -19,6 +19,7 @@ import { createHash } from "node:crypto";
 import { execFileSync } from "node:child_process";
 import { build } from "esbuild";
 import { chmod, mkdir, writeFile } from "node:fs/promises";
+import { createRequire } from "node:module";
 import { dirname, resolve } from "node:path";
 import { parseArgs } from "node:util";
 import { LAUNCH_ENV, NODE_FLAGS } from "./node-flags.mjs";
@@ -86,35 +87,52 @@ module.exports = new Proxy({}, { get: (_, name) => (name === "__esModule" ? fals
   },
 };
 
-// fastify requires node:http2 and node:https at load (for its http2 and https options) and
-// docker-modem and prom-client's pushgateway node:https (for a TLS engine, a pushgateway): the shim
-// serves plain HTTP/1.1 and reaches a local engine, yet loading them costs ~6 MB of idle RSS
-// (OpenSSL's TLS and nghttp2's code and state; BENCHMARKS.md, B6). A dependency's require() of
-// them gets a stand-in that loads the real module on first use; every one of those modules only
-// uses them inside functions. The shim's own code (ESM) imports the real modules.
-const LAZY_BUILTINS = /^(node:)?(http2|https)$/;
+// Builtins the bundle loads on first use, not at start, through a stand-in:
+// - fastify requires node:http2 and node:https at load (for its http2 and https options) and
+//   docker-modem and prom-client's pushgateway node:https (for a TLS engine, a pushgateway): the
+//   shim serves plain HTTP/1.1 and reaches a local engine, yet loading them costs ~6 MB of idle
+//   RSS (OpenSSL's TLS and nghttp2's code and state; BENCHMARKS.md, B6);
+// - the single binary starts from a V8 startup snapshot of the loaded bundle
+//   (scripts/build-binary.mjs), which Node cannot make while node:http or node:tls is loaded
+//   (their native parser and TLS state), and into which Node does not vouch for node:child_process,
+//   node:stream/consumers or node:sea carrying over ("not yet fully verified" in a user snapshot):
+//   they are loaded after the snapshot, when the shim first uses them.
+// Every importer gets the stand-in, the shim's own modules too; none of them uses one of these at
+// load, only inside functions (the snapshot build fails otherwise: node:http would be in it).
+const LAZY_BUILTINS = /^(node:)?(http|http2|https|tls|child_process|stream\/consumers)$|^node:sea$/;
+const requireBuiltin = createRequire(import.meta.url);
 const lazyBuiltins = {
   name: "lazy-builtins",
   setup(b) {
     b.onResolve({ filter: LAZY_BUILTINS }, (args) =>
-      args.importer.includes("/node_modules/") && args.kind === "require-call"
-        ? { path: args.path.replace(/^node:/, ""), namespace: "lazy-builtin" }
-        : undefined,
+      // The stand-in's own require() of the real module is left to Node.
+      args.namespace === "lazy-builtin"
+        ? undefined
+        : { path: args.path.replace(/^node:/, ""), namespace: "lazy-builtin" },
     );
-    b.onLoad({ filter: /.*/, namespace: "lazy-builtin" }, (args) => ({
-      contents: `let real;
+    b.onLoad({ filter: /.*/, namespace: "lazy-builtin" }, (args) => {
+      // An ES module's import of a CommonJS one copies its property names at load (esbuild's
+      // __toESM): they are answered from the list of this very Node.js (the pinned one, which the
+      // bundle runs on), so that the copy does not load the module; each copied property still
+      // reads the real module's on use.
+      const names = JSON.stringify(Object.getOwnPropertyNames(requireBuiltin(`node:${args.path}`)));
+      return {
+        contents: `let real;
 const load = () => (real ??= require("node:${args.path}"));
+const names = ${names};
 module.exports = new Proxy({}, {
   get: (_, key) => load()[key],
   has: (_, key) => key in load(),
-  ownKeys: () => Reflect.ownKeys(load()),
+  ownKeys: () => (real ? Reflect.ownKeys(real) : names),
   getOwnPropertyDescriptor: (_, key) => {
-    const found = Reflect.getOwnPropertyDescriptor(load(), key);
+    if (!real) return names.includes(key) ? { configurable: true, enumerable: true, writable: true, value: undefined } : undefined;
+    const found = Reflect.getOwnPropertyDescriptor(real, key);
     return found && { ...found, configurable: true };
   },
 });`,
-      loader: "js",
-    }));
+        loader: "js",
+      };
+    });
   },
 };
 

@@ -10,8 +10,8 @@
 // (EBADPLATFORM), and an optional one is never installed there. So it is fetched with `npm pack`
 // (npm checks the tarball against the registry's integrity), checked (ELF aarch64, the package's
 // version) and kept in node_modules/.cache/taskshim-release, where a later run finds it.
-// The arm64 binary has no V8 code cache: V8 makes it by compiling the bundle in the building
-// process, which can only be this x64 one.
+// The arm64 binary has no V8 startup snapshot (nor code cache): V8 makes one by loading the bundle
+// in the building process, which can only be this x64 one.
 //
 // Both binaries are built in a staging directory inside DIR and moved in only once both exist,
 // checked and summed: SHA256SUMS is removed first and moved in last, so whenever it is there it
@@ -66,7 +66,7 @@ async function writeRelease(outdir) {
       BINARIES.map(({ file, arch }) =>
         buildBinary(
           join(staging, file),
-          arch === process.arch ? [] : ["--executable", arm64Node, "--arch", arch, "--no-code-cache"],
+          arch === process.arch ? [] : ["--executable", arm64Node, "--arch", arch, "--start-from", "source"],
         ),
       ),
     );
@@ -89,10 +89,8 @@ async function writeRelease(outdir) {
   const shown = relative(process.cwd(), outdir) || ".";
   for (const { file, arch } of BINARIES) {
     const { size } = await stat(join(outdir, file));
-    const cache = arch === process.arch ? "with" : "without";
-    console.log(
-      `release-artifacts: ${join(shown, file)} (${(size / 1e6).toFixed(0)} MB, ${cache} code cache)`,
-    );
+    const start = arch === process.arch ? "starts from a snapshot" : "compiles its bundle at start";
+    console.log(`release-artifacts: ${join(shown, file)} (${(size / 1e6).toFixed(0)} MB, ${start})`);
   }
   console.log(
     `release-artifacts: ${join(shown, SUMS)}; ${((performance.now() - started) / 1000).toFixed(1)} s in all`,

@@ -164,7 +164,7 @@ beforeAll(async () => {
   // The binaries embed the Node.js these tests run on (the pinned one), flags included.
   const { stdout, stderr } = await exec(binaries.A.path, ["--version"]);
   expect(stdout.trim()).toBe("taskshim version 1.0.0");
-  // Nothing else: its code cache was made under its own flags ("Code cache data rejected" if not).
+  // Nothing else: its startup snapshot was made under its own flags.
   expect(stderr).toBe("");
   const runtime = JSON.parse((await exec(binaries.B.path, ["version", "--json"])).stdout) as Record<
     string,

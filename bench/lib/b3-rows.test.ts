@@ -76,6 +76,50 @@ describe("B3's rows", () => {
     expect(rows[4]).toMatchObject({ ratio: 1.8, pass: true });
   });
 
+  it("with the single binary measured: its rows hold the targets, the bundle's ratios are reported", () => {
+    const rows = b3Rows(
+      figures({
+        binary: { times: [400, 380, 420], problems: [] },
+        versionPairs: { version: [150, 160, 155], binary: [70, 80, 90], bare: [50, 52, 48] },
+      }),
+    );
+    expect(rows.map((r) => `${r.id} ${r.unit}`)).toEqual([
+      "B3 ms",
+      "B3 ratio",
+      "B3 ratio",
+      "B3-floor ms",
+      "B3-version ms",
+      "B3-version ms",
+      "B3-binary ms",
+      "B3-binary ratio",
+    ]);
+    const [, , physical, , version, binaryVersion, binary, binaryRatio] = rows;
+    expect(physical).toMatchObject({ taskshim: 2.36, pass: true });
+    expect(physical!.target).toMatch(/^reported/);
+    expect(version).toMatchObject({ ratio: 3.1, pass: true });
+    expect(version!.target).toMatch(/^reported/);
+    expect(binaryVersion).toMatchObject({
+      taskshim: 80,
+      baseline: 50,
+      ratio: 1.6,
+      target: "ratio <= 1.8",
+      pass: true,
+    });
+    expect(binary).toMatchObject({ taskshim: 400, pass: true });
+    expect(binaryRatio).toMatchObject({ taskshim: 1.6, target: "<= 2.5", pass: true });
+    expect(binaryRatio!.name).toMatch(/= 250 ms/);
+  });
+
+  it("fails the binary's rows above their targets or on a problem of its trials", () => {
+    const rows = b3Rows(
+      figures({
+        binary: { times: [700], problems: ["2 running tasks missing"] },
+        versionPairs: { version: [150], binary: [95], bare: [50] },
+      }),
+    );
+    expect(rows.slice(5).map((r) => r.pass)).toEqual([false, false, false]);
+  });
+
   it("combines with the records of runs before the physical floor: each old row matched to its own", () => {
     const before = record("2026-12-03T19:25:00Z", [
       {

@@ -33,15 +33,25 @@ export interface B3Figures {
     readonly files: number;
     readonly problems: readonly string[];
   };
-  /** Interleaved pairs: `node <flags> dist/taskshim.cjs --version` and `node -e 0`, ms. */
-  readonly versionPairs: { readonly version: readonly number[]; readonly bare: readonly number[] };
+  /** Interleaved rounds: `node <flags> dist/taskshim.cjs --version`, the binary's, `node -e 0`, ms. */
+  readonly versionPairs: {
+    readonly version: readonly number[];
+    readonly binary?: readonly number[];
+    readonly bare: readonly number[];
+  };
+  /** The single binary's trials (as released: from its startup snapshot), where it was measured. */
+  readonly binary?: { readonly times: readonly number[]; readonly problems: readonly string[] };
 }
 
 /**
  * B3's rows. Their order within an id is part of the record's contract: `bench/medians.ts`
  * matches rows of several runs by id and order, so B3's first two rows keep what they were in
  * every earlier run (the recovery time, its ratio to the old floor) and new rows come after them,
- * or under ids of their own (`B3-floor`, `B3-version`).
+ * or under ids of their own (`B3-floor`, `B3-version`, `B3-binary`).
+ *
+ * The targets on the physical floor and on `node -e 0` are the single binary's, the form a host
+ * runs (a release, dstack's deployment, `deploy/taskshim.service`); the bundle's ratios (`npm
+ * start`: Node compiles the whole bundle at every start) are reported beside them.
  */
 export function b3Rows(f: B3Figures): Row[] {
   const trials = f.times.length;
@@ -55,13 +65,30 @@ export function b3Rows(f: B3Figures): Row[] {
     id: "B3-version",
     name:
       `taskshim --version (node <bundle flags> dist/taskshim.cjs) against a bare node -e 0, ` +
-      `${f.versionPairs.version.length} interleaved pairs, medians`,
+      `${f.versionPairs.version.length} interleaved rounds, medians`,
     unit: "ms",
     taskshim: round(version, 1),
     baseline: round(bare, 1),
-    target: `ratio <= ${VERSION_RATIO_TARGET}`,
+    target: f.versionPairs.binary
+      ? "reported (the bundle; the binary's row holds the target)"
+      : `ratio <= ${VERSION_RATIO_TARGET}`,
     pass: false,
   });
+  const binaryVersionRow =
+    f.versionPairs.binary &&
+    ratioRow({
+      id: "B3-version",
+      name:
+        `taskshim --version of the single binary (from its startup snapshot) against a bare node -e 0, ` +
+        `${f.versionPairs.binary.length} interleaved rounds, medians`,
+      unit: "ms",
+      taskshim: round(median(f.versionPairs.binary), 1),
+      baseline: round(bare, 1),
+      target: `ratio <= ${VERSION_RATIO_TARGET}`,
+      pass: false,
+    });
+  const binaryMs = f.binary && round(median(f.binary.times), 0);
+  const binaryRatio = f.binary && round(median(f.binary.times) / floor, 2);
   return [
     {
       id: "B3",
@@ -94,8 +121,10 @@ export function b3Rows(f: B3Figures): Row[] {
       taskshim: physicalRatio,
       baseline: null,
       ratio: null,
-      target: `<= ${PHYSICAL_FLOOR_RATIO_TARGET}`,
-      pass: physicalRatio <= PHYSICAL_FLOOR_RATIO_TARGET,
+      target: f.binary
+        ? "reported (the bundle; B3-binary holds the target)"
+        : `<= ${PHYSICAL_FLOOR_RATIO_TARGET}`,
+      pass: f.binary !== undefined || physicalRatio <= PHYSICAL_FLOOR_RATIO_TARGET,
     },
     {
       id: "B3-floor",
@@ -110,6 +139,45 @@ export function b3Rows(f: B3Figures): Row[] {
       target: "reported",
       pass: f.floor.problems.length === 0,
     },
-    { ...versionRow, pass: versionRow.ratio !== null && versionRow.ratio <= VERSION_RATIO_TARGET },
+    {
+      ...versionRow,
+      pass:
+        f.versionPairs.binary !== undefined ||
+        (versionRow.ratio !== null && versionRow.ratio <= VERSION_RATIO_TARGET),
+    },
+    ...(binaryVersionRow
+      ? [
+          {
+            ...binaryVersionRow,
+            pass: binaryVersionRow.ratio !== null && binaryVersionRow.ratio <= VERSION_RATIO_TARGET,
+          },
+        ]
+      : []),
+    ...(f.binary && binaryMs !== undefined && binaryRatio !== undefined
+      ? [
+          {
+            id: "B3-binary",
+            name:
+              `recovery as B3, restarted as the single binary (from its startup snapshot), ` +
+              `turn about with B3's trials, median of ${f.binary.times.length}`,
+            unit: "ms",
+            taskshim: binaryMs,
+            baseline: null,
+            ratio: null,
+            target: "<= 2 s; exits while down final before the first answer",
+            pass: binaryMs <= B3_TARGET_MS && f.binary.problems.length === 0,
+          },
+          {
+            id: "B3-binary",
+            name: `the single binary's recovery time ÷ the physical floor in the same run (B3-floor) = ${round(floor, 0)} ms`,
+            unit: "ratio",
+            taskshim: binaryRatio,
+            baseline: null,
+            ratio: null,
+            target: `<= ${PHYSICAL_FLOOR_RATIO_TARGET}`,
+            pass: binaryRatio <= PHYSICAL_FLOOR_RATIO_TARGET,
+          },
+        ]
+      : []),
   ];
 }

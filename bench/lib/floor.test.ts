@@ -109,6 +109,20 @@ describe("B3's physical floor", () => {
     expect(pairs.version).toHaveLength(3);
     expect(pairs.bare).toHaveLength(3);
     for (const ms of [...pairs.version, ...pairs.bare]) expect(ms).toBeGreaterThan(0);
+    expect(pairs.binary).toBeUndefined();
+  });
+
+  it("times a single binary's --version too when given one, round by round", async () => {
+    const bundle = join(dir, "taskshim.cjs");
+    await writeFile(bundle, `#!/usr/bin/env -S node\nconsole.log("taskshim version 9.9.9");\n`);
+    const binary = join(dir, "taskshim");
+    await writeFile(binary, `#!/bin/sh\n[ "$1" = --version ] && echo "taskshim version 9.9.9"\n`, {
+      mode: 0o755,
+    });
+    const rounds = await timeVersionPairs(bundle, 4, binary);
+    expect([rounds.version.length, rounds.binary?.length, rounds.bare.length]).toEqual([4, 4, 4]);
+    await writeFile(binary, `#!/bin/sh\necho usage\n`, { mode: 0o755 });
+    await expect(timeVersionPairs(bundle, 1, binary)).rejects.toThrow(/taskshim --version printed "usage/);
   });
 
   it("refuses a bundle whose --version prints no version", async () => {

@@ -92,41 +92,54 @@ export async function runFloor(script: string, target: FloorTarget, timeoutMs = 
   }
 }
 
-/** Wall times (ms) of `node <flags> <bundle> --version` and of a bare `node -e 0`, pair by pair. */
+/** Wall times (ms) of `taskshim --version`, as a bundle and as a single binary, and of `node -e 0`, round by round. */
 export interface VersionPairs {
+  /** `node <flags> <bundle> --version`. */
   readonly version: readonly number[];
+  /** `<binary> --version`, where a binary was given. */
+  readonly binary?: readonly number[];
   readonly bare: readonly number[];
 }
 
 /**
- * `pairs` interleaved pairs of `node <flags> <bundle> --version` (the bundle's shebang's flags and
- * environment: how an operator's `taskshim --version` starts) and `node -e 0`, each spawned and
- * waited for the same way; the order within a pair alternates, so neither side always runs on
- * the cache the other warmed.
+ * `rounds` interleaved rounds of `node <flags> <bundle> --version` (the bundle's shebang's flags
+ * and environment: how `npx taskshim --version` starts), of `<binary> --version` if given (the
+ * single binary an operator installs) and of `node -e 0`, each spawned and waited for the same
+ * way; the order within a round rotates, so no side always runs on the cache another warmed.
  */
-export async function timeVersionPairs(bundle: string, pairs: number): Promise<VersionPairs> {
+export async function timeVersionPairs(
+  bundle: string,
+  rounds: number,
+  binary?: string,
+): Promise<VersionPairs> {
   const launch = bundleLaunch(bundle);
-  const timed = async (args: string[], env: NodeJS.ProcessEnv): Promise<number> => {
+  const timed = async (file: string, args: string[], env: NodeJS.ProcessEnv): Promise<number> => {
     const started = performance.now();
-    const { stdout } = await execFileAsync(process.execPath, args, { env });
+    const { stdout } = await execFileAsync(file, args, { env });
     const ms = performance.now() - started;
     if (args.includes("--version") && !/\d+\.\d+\.\d+/.test(stdout))
-      throw new Error(`${bundle} --version printed ${JSON.stringify(stdout)}`);
+      throw new Error(
+        `${file === process.execPath ? bundle : file} --version printed ${JSON.stringify(stdout)}`,
+      );
     return ms;
   };
-  const version: number[] = [];
-  const bare: number[] = [];
-  for (let i = 0; i < pairs; i++) {
-    const shim = (): Promise<number> =>
-      timed([...launch.flags, bundle, "--version"], { ...process.env, ...launch.env });
-    const node = (): Promise<number> => timed(["-e", "0"], process.env);
-    if (i % 2 === 0) {
-      version.push(await shim());
-      bare.push(await node());
-    } else {
-      bare.push(await node());
-      version.push(await shim());
+  const env = { ...process.env, ...launch.env };
+  const sides = [
+    {
+      times: [] as number[],
+      run: () => timed(process.execPath, [...launch.flags, bundle, "--version"], env),
+    },
+    { times: [] as number[], run: () => timed(process.execPath, ["-e", "0"], process.env) },
+    ...(binary !== undefined
+      ? [{ times: [] as number[], run: () => timed(binary, ["--version"], env) }]
+      : []),
+  ];
+  for (let round = 0; round < rounds; round++) {
+    for (let i = 0; i < sides.length; i++) {
+      const side = sides[(round + i) % sides.length];
+      if (side) side.times.push(await side.run());
     }
   }
-  return { version, bare };
+  const [version, bare, ofBinary] = sides.map((side) => side.times);
+  return { version: version ?? [], bare: bare ?? [], ...(ofBinary ? { binary: ofBinary } : {}) };
 }

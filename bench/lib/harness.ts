@@ -99,6 +99,8 @@ export interface ShimOptions {
   readonly port?: number;
   readonly env?: NodeJS.ProcessEnv;
   readonly waitReady?: boolean;
+  /** A single binary to run instead of the bundle (B3's restarts as released). */
+  readonly binary?: string;
 }
 
 /**
@@ -227,6 +229,7 @@ export class Bench {
     const shim = await ShimProcess.start({
       home,
       ...(bundle ? { bundle } : {}),
+      ...(options.binary !== undefined ? { binary: options.binary } : {}),
       ...(options.port !== undefined ? { port: options.port } : {}),
       env,
       waitReady: false,

@@ -223,25 +223,25 @@ export class ShimProcess extends ShimApi {
       waitReady?: boolean;
       /** The bundle to run (default {@link SHIM_BUNDLE}). */
       bundle?: string;
+      /**
+       * A single binary to run instead of a bundle (its Node flags are inside it), with the
+       * environment of the bundle's shebang, as deploy/taskshim.service gives it.
+       */
+      binary?: string;
     } = {},
   ): Promise<ShimProcess> {
     const home = options.home ?? (await tempHome());
     const port = options.port ?? (await freePort());
     const launch = bundleLaunch(options.bundle);
-    const child = spawn(
-      process.execPath,
-      [
-        ...launch.flags,
-        options.bundle ?? SHIM_BUNDLE,
-        "serve",
-        "--shim-home",
-        home,
-        "--shim-http-port",
-        String(port),
-        ...(options.args ?? []),
-      ],
-      { env: { ...process.env, ...launch.env, ...options.env }, stdio: ["ignore", "pipe", "pipe"] },
-    );
+    const serve = ["serve", "--shim-home", home, "--shim-http-port", String(port), ...(options.args ?? [])];
+    const [file, args] =
+      options.binary !== undefined
+        ? [options.binary, serve]
+        : [process.execPath, [...launch.flags, options.bundle ?? SHIM_BUNDLE, ...serve]];
+    const child = spawn(file, args, {
+      env: { ...process.env, ...launch.env, ...options.env },
+      stdio: ["ignore", "pipe", "pipe"],
+    });
     const shim = new ShimProcess(child, home, port);
     if (options.waitReady !== false) await shim.waitReady();
     return shim;
