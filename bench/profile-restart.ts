@@ -1,7 +1,7 @@
 import { mkdir, readdir, readFile } from "node:fs/promises";
 import { join } from "node:path";
 import { parseArgs } from "node:util";
-import { Bench, wallMs } from "./lib/harness.js";
+import { Bench } from "./lib/harness.js";
 import { Fleet } from "./lib/fleet.js";
 import { logTimes } from "./lib/log-times.js";
 import { median, round } from "./lib/stats.js";
@@ -111,7 +111,7 @@ try {
     await bench.killShim(fleet.shim);
     const dir = join(out, `run-${run}`);
     await mkdir(dir, { recursive: true });
-    const spawned = wallMs();
+    const spawned = Date.now(); // as the shim dates its log lines (wallMs drifts from it)
     fleet.shim = await bench.startShim({
       home: fleet.shim.home,
       port: fleet.shim.port,

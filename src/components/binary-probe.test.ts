@@ -8,7 +8,8 @@ import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import type { BoundedOutcome } from "../exec/run-bounded.js";
 import { EXPIRED, exited, INTERRUPTED, ScriptedCommands } from "../testing/fake-command-runner.js";
-import { BinaryProbe, isExecutableFormat, NOT_INSTALLED } from "./binary-probe.js";
+import { BinaryProbe, isExecutableFormat, NOT_INSTALLED, type RunningExecutable } from "./binary-probe.js";
+import { fileIdentity } from "./file-identity.js";
 
 let dir: string;
 let path: string;
@@ -173,6 +174,48 @@ describe("BinaryProbe.probe", () => {
       expect(await new BinaryProbe(other).probe(name, path)).not.toHaveProperty("buildId");
       expect(other.argvs()).toEqual([`${path} --version`]);
     }
+  });
+
+  it("the running executable's own file at the dstack-shim slot is this build, with nothing run", async () => {
+    const running = (file: string): RunningExecutable => ({
+      identity: () => fileIdentity(file),
+      version: "9.9.9",
+      buildId: "running-build",
+    });
+    const commands = answering(exited(0, "taskshim version 1.3.3\n"), exited(0, '{"build_id":"b-1"}\n'));
+    const seen = await new BinaryProbe(commands, running(path)).probe("dstack-shim", path);
+    expect(seen).toEqual({
+      status: "installed",
+      version: "9.9.9",
+      binary: "taskshim",
+      buildId: "running-build",
+      identity: await fileIdentity(path),
+    });
+    expect(commands.argvs()).toEqual([]);
+    // Another file, the same file rewritten in place, or a dstack-runner slot: it is asked.
+    const other = join(dir, "other");
+    await writeFile(other, "#!/bin/sh\n");
+    expect(await new BinaryProbe(commands, running(other)).probe("dstack-shim", path)).toMatchObject({
+      version: "1.3.3",
+      buildId: "b-1",
+    });
+    const before = running(path);
+    const known = await before.identity();
+    await writeFile(path, "#!/bin/sh\n# rewritten\n");
+    const stale = { ...before, identity: () => Promise.resolve(known) };
+    expect(await new BinaryProbe(commands, stale).probe("dstack-shim", path)).toMatchObject({
+      version: "1.3.3",
+    });
+    const runner = answering(exited(0, "dstack-runner version 0.19.1\n"));
+    expect(await new BinaryProbe(runner, running(path)).probe("dstack-runner", path)).toMatchObject({
+      version: "0.19.1",
+    });
+    // Unknown (no /proc, say): asked as any other file.
+    const unknown = { ...before, identity: () => Promise.resolve(undefined) };
+    expect(await new BinaryProbe(commands, unknown).probe("dstack-shim", path)).toMatchObject({
+      version: "1.3.3",
+    });
+    expect(commands.argvs()).toHaveLength(6);
   });
 
   it("a build id is printable ASCII of 1 to 256 characters, a string in a JSON object; anything else is none", async () => {

@@ -3,7 +3,7 @@ import { errorMessage } from "../errors/error-message.js";
 import { OperationBound } from "../exec/operation-bound.js";
 import type { CommandRunner } from "../exec/run-bounded.js";
 import type { ComponentName } from "./component-service.js";
-import { identityOf, type FileIdentity } from "./file-identity.js";
+import { identityOf, sameFile, type FileIdentity } from "./file-identity.js";
 
 const VERSION_TIMEOUT_MS = 10_000;
 /** Output of `<binary> --version`: `<name> version <X>`. */
@@ -35,9 +35,25 @@ export interface Observation {
 
 export const NOT_INSTALLED: Observation = { status: "not-installed", version: "" };
 
+/**
+ * The executable this very process runs from, where it is known exactly: the single binary,
+ * whose `/proc/self/exe` is the inode the kernel ran (a rename over its path since leaves that
+ * inode, and a write in place changes its times). A dstack-shim slot holding that same file is
+ * this build: nothing needs to run to say so.
+ */
+export interface RunningExecutable {
+  /** The identity of the inode that runs (undefined when it cannot be had: then the probe runs). */
+  identity(): Promise<FileIdentity | undefined>;
+  readonly version: string;
+  readonly buildId: string;
+}
+
 /** Runs a component binary's `--version` (and a taskshim's `version --json`) to tell what it is. */
 export class BinaryProbe {
-  constructor(private readonly commands: CommandRunner) {}
+  constructor(
+    private readonly commands: CommandRunner,
+    private readonly running?: RunningExecutable,
+  ) {}
 
   /**
    * Looks at a binary: missing, this component's (its `--version` printed its version line, under
@@ -55,6 +71,12 @@ export class BinaryProbe {
         version: "",
         problem: { kind: "run", message: `cannot stat it: ${errorMessage(error)}` },
       };
+    }
+    // The shim's own binary at its slot (every restart of a deployed shim): two starts of a large
+    // executable spared, each one CPU a restart would share with the API's first answers.
+    if (name === "dstack-shim" && this.running && sameFile(identity, await this.running.identity())) {
+      const { version, buildId } = this.running;
+      return { status: "installed", version, binary: "taskshim", identity, buildId };
     }
     const bound = OperationBound.within(VERSION_TIMEOUT_MS);
     const ran = await this.run([path, "--version"], bound);

@@ -9,7 +9,7 @@ import { ComponentInstaller, type InstallEnd } from "./component-install.js";
 import { COMPONENT_SOURCES_FILE, ComponentSources } from "./component-sources.js";
 import type { FileIdentity } from "./file-identity.js";
 import { redactUrl, redactUrlsIn } from "./redact-url.js";
-import { BUILD } from "../version.js";
+import { BUILD, VERSION } from "../version.js";
 
 export { ComponentInstallError, ComponentRefusedError } from "./component-errors.js";
 
@@ -68,6 +68,12 @@ export interface ComponentServiceOptions {
    * with the bytes it runs on disk, never a binary that only claims to be it.
    */
   readonly runningBuildId?: string;
+  /**
+   * The identity of the executable this process runs from, where it is known exactly (the single
+   * binary's `/proc/self/exe`): a dstack-shim slot holding that very file is reported as this
+   * build (this version and `runningBuildId`) without running it.
+   */
+  readonly runningExecutable?: () => Promise<FileIdentity | undefined>;
 }
 
 const DOWNLOAD_TIMEOUT_MS = 10 * 60 * 1000;
@@ -133,7 +139,12 @@ export class ComponentService {
       "dstack-runner": slot("dstack-runner", paths.runner),
       "dstack-shim": slot("dstack-shim", paths.shim),
     };
-    this.binaries = new BinaryProbe(commands);
+    const runningBuildId = options.runningBuildId ?? BUILD.buildId;
+    const { runningExecutable } = options;
+    this.binaries = new BinaryProbe(
+      commands,
+      runningExecutable && { identity: runningExecutable, version: VERSION, buildId: runningBuildId },
+    );
     this.installer = new ComponentInstaller({
       binaries: this.binaries,
       sources: new ComponentSources(
@@ -143,7 +154,7 @@ export class ComponentService {
       shutdown,
       downloadTimeoutMs: options.downloadTimeoutMs ?? DOWNLOAD_TIMEOUT_MS,
       allowShimHandover: options.allowShimHandover ?? false,
-      runningBuildId: options.runningBuildId ?? BUILD.buildId,
+      runningBuildId,
     });
   }
 

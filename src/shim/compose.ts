@@ -7,10 +7,12 @@
  * unit tests fake.
  */
 import { join } from "node:path";
+import { isSea } from "node:sea";
 import type { Logger } from "pino";
 import { ShimMetrics } from "../api/metrics.js";
 import { buildApi } from "../api/server.js";
 import { ComponentService } from "../components/component-service.js";
+import { fileIdentity } from "../components/file-identity.js";
 import { containerParamsOf, type ShimConfig } from "../config/shim-config.js";
 import type { DockerodeClient } from "../docker/dockerode-client.js";
 import type { EngineIdentity } from "../docker/engine-info.js";
@@ -142,7 +144,12 @@ export function composeRunner(
     commands,
     log,
     shutdown.signal,
-    { home: config.home, allowShimHandover: config.allowShimHandover },
+    {
+      home: config.home,
+      allowShimHandover: config.allowShimHandover,
+      // Only the single binary knows exactly what runs: node runs a bundle by its path.
+      ...(isSea() ? { runningExecutable: () => fileIdentity("/proc/self/exe") } : {}),
+    },
   );
   return { ctx, runner, reconciler, components };
 }

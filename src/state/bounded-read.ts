@@ -109,9 +109,12 @@ export async function readBoundedFile(path: string, maxBytes: number): Promise<s
         if (length > maxBytes) throw new FileTooLargeError(path, maxBytes, undefined);
         buffer = Buffer.concat([buffer, Buffer.allocUnsafe(maxBytes + 1 - length)]);
       }
-      const { bytesRead } = await handle.read(buffer, length, buffer.length - length, length);
-      if (bytesRead === 0) break;
+      const asked = buffer.length - length;
+      const { bytesRead } = await handle.read(buffer, length, asked, length);
       length += bytesRead;
+      // A short read of a regular file is its end: once the size fstat gave is in, the read of 0
+      // bytes that would confirm it is spared (a restore reads 200 of these at once).
+      if (bytesRead === 0 || (bytesRead < asked && length >= opened.size)) break;
     }
     if (length > maxBytes) throw new FileTooLargeError(path, maxBytes, undefined);
     return buffer.toString("utf8", 0, length);
