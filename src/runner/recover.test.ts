@@ -82,6 +82,26 @@ describe("recover", () => {
     expect(statusOnDisk(started.taskDir)).toBe("running");
   });
 
+  it("writes the changed tasks together, not one after another, and all before the tick", async () => {
+    const { started, created } = await seedCutStarts();
+    const shim = await restart();
+    const { steps, persist } = recordSteps(shim);
+    let inFlight = 0;
+    let most = 0;
+    const write = persist.getMockImplementation()!;
+    persist.mockImplementation(async (id) => {
+      most = Math.max(most, ++inFlight);
+      await new Promise((resolve) => setTimeout(resolve, 20));
+      inFlight--;
+      return write(id);
+    });
+    await recover(shim);
+    expect(most).toBe(2);
+    expect(steps.indexOf("tick")).toBeGreaterThan(steps.indexOf(`persist ${started.id}`));
+    expect(steps.indexOf("tick")).toBeGreaterThan(steps.indexOf(`persist ${created.id}`));
+    expect(statusOnDisk(started.taskDir)).toBe("running");
+  });
+
   it("an exit while the shim was down is final when it returns, from the restore's list (one list)", async () => {
     const { task } = await env.seedTask({ containerState: "exited", exitCode: 3, gpus: 1 });
     const shim = await restart();
