@@ -41,7 +41,6 @@ import type { ListenTarget } from "./listen-target.js";
 import type { DrainPlan, ShimShutdown } from "./shutdown.js";
 import { unlessInterrupted } from "./start-interruption.js";
 import { listenError, StartupError } from "./startup-checks.js";
-import type { ScannedTaskDir } from "../state/task-dirs.js";
 
 /** The engine the start chose, with its clients, before it is asked anything. */
 export interface ChosenEngine {
@@ -205,14 +204,13 @@ export async function bindEngine(
 export async function recoverTasks(
   parts: ShimBase & ShimRunner,
   engineGuard: EngineGuard,
-  scanned: Promise<readonly ScannedTaskDir[]>,
   log: Logger,
   shutdown: ShimShutdown,
   interrupted: AbortSignal | undefined,
 ): Promise<Recovery> {
   shutdown.restoring();
   const { ctx, runner, reconciler, metrics } = parts;
-  const recovery = await unlessInterrupted(recover({ ctx, runner, reconciler }, scanned), interrupted);
+  const recovery = await unlessInterrupted(recover({ ctx, runner, reconciler }), interrupted);
   const report = recovery.report;
   if (engineGuard.state().state === "unbound" && parts.store.list().length > 0) {
     await engineGuard.verify(shutdown.signal).catch((error: unknown) => {
