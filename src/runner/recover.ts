@@ -31,9 +31,8 @@ export interface Recovery {
  * 1. **Restore** (`restoreTasks`): the store rebuilt from task.json and the engine's list. Its
  *    failure fails the start (it throws): nothing half-restored is served.
  * 2. **Persist what the restore reconciled** (the report's `changed`, up to
- *    {@link RESTORED_WRITES_AT_ONCE} at a time: each its own file, and fsyncs in flight together
- *    share the journal's commits; ten exits while down written one after another held the first
- *    answer back by ~30 ms), or a
+ *    {@link RESTORED_WRITES_AT_ONCE} at a time: each is its own file, and fsyncs in flight together
+ *    can share the journal's commits), or a
  *    container that vanishes before the next change would send a task back to `creating`. A
  *    failed write is not an error here: the task stays *not yet durable* and is written once
  *    the home takes writes (a degraded home does not stop the start).

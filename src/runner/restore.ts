@@ -75,8 +75,7 @@ export async function restoreTasks(ctx: RunnerContext): Promise<RestoreReport> {
   const quarantineHeld = await dirs.sweepQuarantine();
   await sweepCredentials(ctx, scanned);
   // A foreign container's name keeps a dir of that name too: it may be another home's handover.
-  // A dir whose task.json the scan read is no leftover either: kept without a second look (200
-  // dirs listed again held a restart back).
+  // A dir whose task.json the scan read is no leftover either: kept without listing it again.
   const withState = [...sorted.states.values(), ...sorted.newer.byName.values()].map((s) => basename(s.dir));
   const swept = await dirs.sweepLeftovers(new Set([...containers.map((c) => c.name), ...withState]));
   if (swept.length > 0) log.info({ swept }, "leftover task dirs swept");
