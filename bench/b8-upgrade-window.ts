@@ -12,7 +12,7 @@ import {
   type SteadyClientResult,
 } from "./lib/supervised.js";
 
-const TARGET_MS = 700;
+const TARGET_MS = 500;
 /** The steady client's rate during each upgrade. */
 const RATE = 50;
 
@@ -122,7 +122,7 @@ export async function runB8(
       taskshim: ms,
       baseline: null,
       ratio: null,
-      target: `<= ${TARGET_MS} ms; every task kept`,
+      target: `<= ${TARGET_MS} ms; in every run, every task kept`,
       pass: ms <= TARGET_MS && problems.length === 0,
     },
     {

@@ -1,14 +1,15 @@
 import { readdir, readFile } from "node:fs/promises";
 import { join, resolve } from "node:path";
 import { parseArgs } from "node:util";
-import { combineRuns, type MedianRow } from "./lib/medians.js";
+import { chooseRuns, combineRuns, type MedianRow } from "./lib/medians.js";
 import { cell, textCell, type RunRecord } from "./lib/report.js";
 
 /*
- * `npx tsx bench/medians.ts [--version X.Y.Z] [--runs 3]`
+ * `npx tsx bench/medians.ts [--version X.Y.Z] [--runs 3] [--only B3,B8]`
  *
  * The medians of the newest `--runs` full runs of one shim version (default: the newest run's),
- * from the records `npm run bench` keeps in bench/results/runs/, as a markdown table on stdout
+ * from the records `npm run bench` keeps in bench/results/runs/ (with `--only`, of the partial
+ * runs of exactly those benchmarks, in runs/partial/), as a markdown table on stdout
  * with every run's own figure beside the median. A full run takes over an hour, so the runs a
  * median needs are made one or two per session and kept in the repository.
  */
@@ -16,7 +17,11 @@ import { cell, textCell, type RunRecord } from "./lib/report.js";
 const RUNS = resolve(import.meta.dirname, "results/runs");
 
 const { values } = parseArgs({
-  options: { version: { type: "string" }, runs: { type: "string", default: "3" } },
+  options: {
+    version: { type: "string" },
+    runs: { type: "string", default: "3" },
+    only: { type: "string" },
+  },
 });
 const wanted = Number(values.runs);
 if (!Number.isInteger(wanted) || wanted < 1) {
@@ -24,16 +29,26 @@ if (!Number.isInteger(wanted) || wanted < 1) {
   process.exit(2);
 }
 
-const files = (await readdir(RUNS).catch(() => [])).filter((f) => f.endsWith(".json")).sort();
 const records: RunRecord[] = [];
-for (const file of files) {
-  records.push(JSON.parse(await readFile(join(RUNS, file), "utf8")) as RunRecord);
+for (const dir of [RUNS, join(RUNS, "partial")]) {
+  const files = (await readdir(dir).catch(() => [])).filter((f) => f.endsWith(".json")).sort();
+  for (const file of files) records.push(JSON.parse(await readFile(join(dir, file), "utf8")) as RunRecord);
 }
-records.sort((a, b) => a.date.localeCompare(b.date));
-const version = values.version ?? records.at(-1)?.version;
-const chosen = records.filter((r) => r.version === version).slice(-wanted);
+const only = values.only
+  ?.toUpperCase()
+  .split(",")
+  .map((id) => id.trim());
+const chosen = chooseRuns(records, {
+  runs: wanted,
+  ...(values.version ? { version: values.version } : {}),
+  ...(only ? { only } : {}),
+});
+const version = chosen[0]?.version ?? values.version;
+const kind = only
+  ? `partial run${chosen.length === 1 ? "" : "s"} (${only.join(",")})`
+  : `full run${chosen.length === 1 ? "" : "s"}`;
 if (chosen.length === 0) {
-  process.stderr.write(`no full run of ${version ?? "any version"} in ${RUNS}\n`);
+  process.stderr.write(`no ${kind} of ${version ?? "any version"} in ${RUNS}\n`);
   process.exit(1);
 }
 
@@ -44,7 +59,7 @@ const rows = combineRuns(chosen);
 const passed = rows.filter((r) => r.pass).length;
 process.stdout.write(
   [
-    `## taskshim benchmarks: medians of ${chosen.length} full run${chosen.length === 1 ? "" : "s"} of ${version}` +
+    `## taskshim benchmarks: medians of ${chosen.length} ${kind} of ${version}` +
       (chosen.length < wanted ? ` (${wanted} asked for)` : ""),
     "",
     ...chosen.map(

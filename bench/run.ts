@@ -42,14 +42,16 @@ import { buildRolloutBinaries } from "./lib/supervised.js";
  * Runs the benchmarks of BENCHMARKS.md against the built shim (dist/taskshim.cjs) and the local
  * Docker Engine (B1 and B2 also on Podman with `--engines docker,podman`: rows B1-podman…),
  * prints a markdown table on stdout (progress goes to stderr) and writes
- * bench/results/latest.json (a full run of a committed source also bench/results/runs/<date>-<commit>.json,
- * kept for bench/medians.ts). Everything a run creates is named `bn-<nonce>-…` and removed at
+ * bench/results/latest.json (a full-size run of a committed source also bench/results/runs/<date>-<commit>.json,
+ * or runs/partial/ for `--only`, kept for bench/medians.ts). Everything a run creates is named `bn-<nonce>-…` and removed at
  * the end, also on failure or Ctrl-C.
  */
 
 const RESULTS = resolve(import.meta.dirname, "results/latest.json");
 /** Full runs of committed sources, kept in the repository (`bench/medians.ts` reads them). */
 const RUNS = resolve(import.meta.dirname, "results/runs");
+/** Partial runs of committed sources (`--only`), kept apart: `bench/medians.ts --only` reads them. */
+const PARTIAL_RUNS = resolve(RUNS, "partial");
 const ALL = ["B1", "B2", "B3", "B4", "B5", "B6", "B7", "B8", "B9", "B10"] as const;
 
 const { values } = parseArgs({
@@ -257,11 +259,13 @@ if (restarted) bench.note(`WARNING: ${restarted}; these results are not valid.`)
 
 const seconds = Math.round((performance.now() - started) / 1000);
 await writeResults(RESULTS, rows);
-// Only a full run of a committed source is kept: the runs that medians may be taken over.
-const full = !bench.quick && !values.only && !values.tasks && !values.shims;
+// Only a run of a committed source, at full size, is kept: the runs that medians may be taken
+// over. A partial one (`--only`) goes apart, with the benchmarks it ran.
+const fullSize = !bench.quick && !values.tasks && !values.shims;
+const only = values.only ? [...selected].sort() : undefined;
 const record =
-  full && revision.commit && !revision.dirty && !restarted
-    ? await writeRunRecord(RUNS, {
+  fullSize && revision.commit && !revision.dirty && !restarted
+    ? await writeRunRecord(only ? PARTIAL_RUNS : RUNS, {
         date: new Date().toISOString(),
         version: VERSION,
         commit: revision.commit,
@@ -272,6 +276,7 @@ const record =
         seconds,
         rows,
         notes: bench.notes,
+        ...(only ? { only } : {}),
       })
     : undefined;
 const passed = rows.filter((r) => r.pass).length;

@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { combineRuns, parseTarget } from "./medians.js";
+import { chooseRuns, combineRuns, parseTarget } from "./medians.js";
 import type { Row, RunRecord } from "./report.js";
 
 const row = (fields: Partial<Row> & Pick<Row, "id" | "taskshim" | "target" | "pass">): Row => ({
@@ -90,5 +90,28 @@ describe("bench medians", () => {
       ["B3", 625, false],
       ["B9", 145, true],
     ]);
+  });
+
+  it("chooses the newest runs of one version: full runs, or partial runs of exactly the benchmarks asked", () => {
+    const at = (date: string, version: string, only?: string[]): RunRecord => ({
+      ...run(date, []),
+      version,
+      ...(only ? { only } : {}),
+    });
+    const records = [
+      at("2026-12-04T10:00:00Z", "1.4.1"),
+      at("2026-12-04T11:00:00Z", "1.5.0", ["B3", "B8"]),
+      at("2026-12-04T12:00:00Z", "1.5.0", ["B8", "B3"]),
+      at("2026-12-04T13:00:00Z", "1.5.0", ["B3"]),
+      at("2026-12-04T09:00:00Z", "1.5.0"),
+      at("2026-12-04T14:00:00Z", "1.5.0", ["B3", "B8"]),
+    ];
+    const dates = (chosen: RunRecord[]): string[] => chosen.map((r) => r.date.slice(11, 13));
+    // Full runs only, of the newest full run's version unless one is named.
+    expect(dates(chooseRuns(records, { runs: 3 }))).toEqual(["10"]);
+    expect(dates(chooseRuns(records, { runs: 3, version: "1.5.0" }))).toEqual(["09"]);
+    expect(dates(chooseRuns(records, { runs: 2, only: ["B8", "B3"] }))).toEqual(["12", "14"]);
+    expect(dates(chooseRuns(records, { runs: 3, only: ["B3"] }))).toEqual(["13"]);
+    expect(chooseRuns(records, { runs: 3, only: ["B6"] })).toEqual([]);
   });
 });

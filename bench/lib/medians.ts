@@ -37,6 +37,22 @@ function meets(value: number | null, target: NumericTarget): boolean {
   return value === target.value;
 }
 
+/**
+ * The records medians are taken over: the newest `runs` of one version (default: the newest
+ * record's), all full runs, or with `only` all partial runs of exactly those benchmarks.
+ */
+export function chooseRuns(
+  records: readonly RunRecord[],
+  options: { readonly runs: number; readonly version?: string; readonly only?: readonly string[] },
+): RunRecord[] {
+  const wanted = options.only && [...options.only].sort().join(",");
+  const kind = records
+    .filter((r) => (r.only ? [...r.only].sort().join(",") : undefined) === wanted)
+    .sort((a, b) => a.date.localeCompare(b.date));
+  const version = options.version ?? kind.at(-1)?.version;
+  return kind.filter((r) => r.version === version).slice(-options.runs);
+}
+
 /** One row of the medians table: the median of each figure over the runs, and every run's own. */
 export interface MedianRow extends Row {
   /** Each run's figure (null: the run had no such row). */

@@ -103,7 +103,7 @@ export async function writeResults(path: string, rows: readonly Row[]): Promise<
 }
 
 /**
- * A full run as kept in `bench/results/runs/` (committed): what {@link writeResults} writes and
+ * A run as kept in `bench/results/runs/` (committed; a partial run's in `runs/partial/`): what {@link writeResults} writes and
  * what it was measured on, so that later sessions can take medians over runs of one version
  * (`bench/medians.ts`).
  */
@@ -121,6 +121,8 @@ export interface RunRecord {
   readonly seconds: number;
   readonly rows: readonly Row[];
   readonly notes: readonly string[];
+  /** The benchmarks a partial run measured (`--only`, sorted); absent for a full run. */
+  readonly only?: readonly string[];
 }
 
 /** Writes `record` as `<dir>/<date>-<commit>.json`; returns that path. */
