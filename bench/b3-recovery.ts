@@ -8,6 +8,7 @@ import { b3Rows, type B3Figures } from "./lib/b3-rows.js";
 import { firstAnswer } from "./lib/first-answer.js";
 import { compileFloor, runFloor, timeVersionPairs, type FloorMarks } from "./lib/floor.js";
 import type { Bench } from "./lib/harness.js";
+import { LOADED_MARGIN_MB, settledMemory } from "./b6-memory.js";
 import { logTimes } from "./lib/log-times.js";
 import type { Fleet } from "./lib/fleet.js";
 import type { Row } from "./lib/report.js";
@@ -174,10 +175,17 @@ async function measureFloor(
  * Median over trials, against two floors of the same run (the old one, and the physical one of
  * bench/b3-floor.ts), and the `--version` rounds.
  */
-export async function runB3(bench: Bench, fleet: Fleet, size: number, binary?: string): Promise<Row[]> {
+export async function runB3(
+  bench: Bench,
+  fleet: Fleet,
+  size: number,
+  binary: string | undefined,
+  idleRss: number,
+): Promise<Row[]> {
   const trials = bench.quick ? 2 : 3;
   const victims = bench.quick ? 3 : 10;
-  const forms = [undefined, ...(binary !== undefined ? [binary] : [])];
+  // The bundle's trial last: its shim, left serving, is the one whose memory is read below.
+  const forms = [...(binary !== undefined ? [binary] : []), undefined];
   const results = new Map<string | undefined, Trial[]>(forms.map((form) => [form, []]));
   for (let t = 0; t < trials; t++) {
     for (const form of forms) {
@@ -202,6 +210,12 @@ export async function runB3(bench: Bench, fleet: Fleet, size: number, binary?: s
   };
   const ofBundle = summary(undefined);
   const ofBinary = binary !== undefined ? summary(binary) : undefined;
+  // The restarted shim's memory once settled, serving the fleet (B6's own method, B6's target).
+  const restarted = await settledMemory(fleet.shim);
+  bench.note(
+    `B3 RSS of the restarted shim (bundle) serving ${size} tasks: ${restarted.rss} MB ` +
+      `(${restarted.settled ? "settled" : "not settled"}: ${restarted.span} MB apart over ${restarted.sampledS} s)`,
+  );
   const oldFloorMs = await explainRestore(bench, fleet);
   const measured = await measureFloor(bench, fleet, binary);
   return b3Rows({
@@ -211,5 +225,6 @@ export async function runB3(bench: Bench, fleet: Fleet, size: number, binary?: s
     oldFloorMs,
     ...measured,
     ...(ofBinary ? { binary: ofBinary } : {}),
+    memory: { rss: restarted.rss, idleRss, marginMb: LOADED_MARGIN_MB },
   });
 }

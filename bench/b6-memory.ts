@@ -12,7 +12,7 @@ import { leastSquaresSlope, median, round } from "./lib/stats.js";
  * the first ones, at most SLOPE_TARGET_MB (what hurts an agent that runs for months).
  */
 const IDLE_TARGET_MB = 80;
-const LOADED_MARGIN_MB = 15;
+export const LOADED_MARGIN_MB = 15;
 const LEAK_MARGIN_MB = 15;
 const SLOPE_TARGET_MB = 3;
 /** Cycles run at once in the leak row. */

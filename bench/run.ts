@@ -218,7 +218,7 @@ async function main(): Promise<Row[]> {
     if (selected.has("B5")) await fleet.grow(fleetSize); // B4 killed a few
     await timed("B5", () => runB5(bench, fleet));
     if (selected.has("B6")) await notePeakRss(bench, fleet.shim);
-    await timed("B3", () => runB3(bench, fleet, fleetSize, binaries?.A.path));
+    await timed("B3", () => runB3(bench, fleet, fleetSize, binaries?.A.path, idleRss));
     if (binaries) await timed("B8", () => runB8(bench, fleet, fleetSize, binaries));
   }
   return rows.sort(compareRows);

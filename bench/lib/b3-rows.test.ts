@@ -120,6 +120,23 @@ describe("B3's rows", () => {
     expect(rows.slice(5).map((r) => r.pass)).toEqual([false, false, false]);
   });
 
+  it("judges the restarted shim's memory against B6's idle + 15 MB of the same run, or reports it", () => {
+    const memoryRow = (memory: NonNullable<B3Figures["memory"]>) =>
+      b3Rows(figures({ memory })).find((r) => r.id === "B3-rss");
+    expect(memoryRow({ rss: 88.4, idleRss: 76.2, marginMb: 15 })).toMatchObject({
+      unit: "MB",
+      taskshim: 88.4,
+      target: "<= 91.2 MB",
+      pass: true,
+    });
+    expect(memoryRow({ rss: 91.3, idleRss: 76.2, marginMb: 15 })?.pass).toBe(false);
+    expect(memoryRow({ rss: 120, idleRss: Number.NaN, marginMb: 15 })).toMatchObject({
+      target: "reported (B6 did not run)",
+      pass: true,
+    });
+    expect(b3Rows(figures()).some((r) => r.id === "B3-rss")).toBe(false);
+  });
+
   it("combines with the records of runs before the physical floor: each old row matched to its own", () => {
     const before = record("2026-12-03T19:25:00Z", [
       {

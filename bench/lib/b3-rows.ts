@@ -41,6 +41,11 @@ export interface B3Figures {
   };
   /** The single binary's trials (as released: from its startup snapshot), where it was measured. */
   readonly binary?: { readonly times: readonly number[]; readonly problems: readonly string[] };
+  /**
+   * The restarted shim's settled RSS serving the fleet, MB, against B6's idle RSS of the same run
+   * (NaN when B6 did not run: the row is then reported) plus B6's margin.
+   */
+  readonly memory?: { readonly rss: number; readonly idleRss: number; readonly marginMb: number };
 }
 
 /**
@@ -153,6 +158,7 @@ export function b3Rows(f: B3Figures): Row[] {
           },
         ]
       : []),
+    ...(f.memory ? [memoryRow(f.size, f.memory)] : []),
     ...(f.binary && binaryMs !== undefined && binaryRatio !== undefined
       ? [
           {
@@ -180,4 +186,20 @@ export function b3Rows(f: B3Figures): Row[] {
         ]
       : []),
   ];
+}
+
+/** B3-rss: the restarted shim's memory, judged as B6 judges a shim with the fleet that never restarted. */
+function memoryRow(size: number, memory: NonNullable<B3Figures["memory"]>): Row {
+  const target = round(memory.idleRss + memory.marginMb, 1);
+  const judged = Number.isFinite(target);
+  return {
+    id: "B3-rss",
+    name: `memory: RSS of the shim B3 restarted (bundle), serving ${size} tasks, settled; target B6's idle + ${memory.marginMb} MB`,
+    unit: "MB",
+    taskshim: memory.rss,
+    baseline: null,
+    ratio: null,
+    target: judged ? `<= ${target} MB` : "reported (B6 did not run)",
+    pass: !judged || memory.rss <= target,
+  };
 }
