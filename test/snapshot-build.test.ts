@@ -64,6 +64,14 @@ describe("what a startup snapshot would freeze (scripts/snapshot-check.cjs)", ()
     expect(stderr).toContain("6 read(s) would be frozen into the startup snapshot");
   });
 
+  it("refuses a bundle that loads a builtin Node does not vouch for in a snapshot, naming it", async () => {
+    const { code, stderr } = await check(`const { execFile } = require("node:child_process");`);
+    expect(code).toBe(1);
+    expect(stderr).toContain(
+      "snapshot-check: the bundle loads node:child_process while loading, which Node does not vouch for in a snapshot",
+    );
+  });
+
   it("accepts the same reads inside a function the command line calls at start", async () => {
     const { code, stderr } = await check(
       [
