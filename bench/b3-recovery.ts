@@ -19,6 +19,8 @@ const TASK_LABEL = "ai.dstack.shim.is-task=true";
 /** Runs of the physical floor, and pairs of `--version` and `node -e 0`, per B3 run. */
 const FLOOR_RUNS = 5;
 const VERSION_PAIRS = 10;
+/** The bundle the run's shims start from (`BENCH_SHIM_BUNDLE`, as the harness's). */
+const BUNDLE = process.env.BENCH_SHIM_BUNDLE || SHIM_BUNDLE;
 
 /** What the first answer of the restarted shim showed, and where the time went. */
 interface Trial {
@@ -87,11 +89,10 @@ const execFileAsync = promisify(execFile);
 async function explainRestore(bench: Bench, fleet: Fleet): Promise<number> {
   const boots: number[] = [];
   const lists: number[] = [];
-  const bundle = process.env.BENCH_SHIM_BUNDLE || SHIM_BUNDLE;
-  const flags = bundleNodeFlags(bundle);
+  const flags = bundleNodeFlags(BUNDLE);
   for (let i = 0; i < 5; i++) {
     let started = performance.now();
-    await execFileAsync(process.execPath, [...flags, bundle, "--version"]);
+    await execFileAsync(process.execPath, [...flags, BUNDLE, "--version"]);
     boots.push(performance.now() - started);
     started = performance.now();
     await bench.docker.listContainers({ all: true, filters: { label: [TASK_LABEL] } });
@@ -125,7 +126,6 @@ async function measureFloor(
   binary: string | undefined,
 ): Promise<Pick<B3Figures, "floor" | "versionPairs">> {
   const script = await compileFloor(await bench.tempDir("taskshim-bench-floor-"));
-  const bundle = process.env.BENCH_SHIM_BUNDLE || SHIM_BUNDLE;
   const old = fleet.shim;
   await bench.killShim(old);
   const times: number[] = [];
@@ -145,7 +145,7 @@ async function measureFloor(
       if (wrong.length > 0)
         problems.push(`run ${i + 1}: ${wrong.length} running tasks missing or not running`);
     }
-    versionPairs = await timeVersionPairs(bundle, VERSION_PAIRS, binary);
+    versionPairs = await timeVersionPairs(BUNDLE, VERSION_PAIRS, binary);
   } finally {
     fleet.shim = await bench.startShim({ home: old.home, port: old.port });
   }
