@@ -7,7 +7,8 @@ import { logTimes } from "./lib/log-times.js";
 import { median, round } from "./lib/stats.js";
 
 /*
- * `npx tsx bench/profile-restart.ts [--tasks 200] [--runs 5] [--min-ms 10] [--out DIR] [--binary FILE]`
+ * `npx tsx bench/profile-restart.ts [--tasks 200] [--runs 5] [--min-ms 10] [--out DIR] [--binary FILE]
+ *   [--interval-us 1000]`
  *
  * Where a restart's CPU goes (B3): grows a fleet of running tasks on one shim, then `--runs` times
  * `kill -9`s it, restarts it on the same home under `--cpu-prof` and stops it gracefully once it
@@ -16,6 +17,7 @@ import { median, round } from "./lib/stats.js";
  * per function and inclusive time per frame, every item of at least `--min-ms`. Same set-up and
  * clean-up as `npm run bench` (everything named `bn-<nonce>-…`). `--binary`: restart as that single
  * binary (`dist/taskshim` of `npm run build:binary`), which takes `--cpu-prof` from NODE_OPTIONS too.
+ * `--interval-us`: V8's sampling interval (finer shows short phases, at some cost to the run).
  */
 
 /** One node of a V8 `.cpuprofile`. */
@@ -92,6 +94,7 @@ const { values } = parseArgs({
     "min-ms": { type: "string", default: "10" },
     out: { type: "string" },
     binary: { type: "string" },
+    "interval-us": { type: "string", default: "1000" },
   },
 });
 const size = Number(values.tasks);
@@ -115,7 +118,7 @@ try {
     fleet.shim = await bench.startShim({
       home: fleet.shim.home,
       port: fleet.shim.port,
-      env: { NODE_OPTIONS: `--cpu-prof --cpu-prof-dir=${dir}` },
+      env: { NODE_OPTIONS: `--cpu-prof --cpu-prof-interval=${values["interval-us"]} --cpu-prof-dir=${dir}` },
       ...(values.binary !== undefined ? { binary: values.binary } : {}),
     });
     serving.push((logTimes(fleet.shim.logs, "taskshim serving")[0] ?? Number.NaN) - spawned);

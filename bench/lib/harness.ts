@@ -101,6 +101,8 @@ export interface ShimOptions {
   readonly waitReady?: boolean;
   /** A single binary to run instead of the bundle (B3's restarts as released). */
   readonly binary?: string;
+  /** Another bundle than the run's (BENCH_SHIM_BUNDLE, else dist/taskshim.cjs). */
+  readonly bundle?: string;
 }
 
 /**
@@ -225,7 +227,7 @@ export class Bench {
       ...(nodeOptions ? { NODE_OPTIONS: nodeOptions } : {}),
       ...options.env,
     };
-    const bundle = process.env.BENCH_SHIM_BUNDLE;
+    const bundle = options.bundle ?? process.env.BENCH_SHIM_BUNDLE;
     const shim = await ShimProcess.start({
       home,
       ...(bundle ? { bundle } : {}),
