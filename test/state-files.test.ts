@@ -255,6 +255,35 @@ describe("S14 a .taskshim-home-id that is a FIFO", () => {
   });
 });
 
+describe("the task dirs read while the engine is reached", () => {
+  it("a start the engine refuses has ended its scan (stale temp file swept) before it exits and frees the lock", async () => {
+    const home = await newHome();
+    const id = "scanned-task-1";
+    const dir = await taskDir(home, containerName("scanned", id));
+    await writeFile(join(dir, "task.json"), stateText(id, "scanned"));
+    const stale = join(dir, ".task.json.tmp-4242");
+    await writeFile(stale, "a write cut by a kill");
+    const shim = await start({
+      home,
+      waitReady: false,
+      env: { TASKSHIM_ENGINE_URL: `unix://${join(home, "no-engine.sock")}` },
+    });
+    expect(await shim.waitExit(15_000)).toBe(1);
+    expect(shim.logs).toMatch(/docker engine unreachable/);
+    // Only the scan deletes it, and the scan runs only under the lock: begun before the engine
+    // answered (it never did), and waited for before the failed start let the lock go.
+    await expect(stat(stale)).rejects.toMatchObject({ code: "ENOENT" });
+    expect(await readFile(join(dir, "task.json"), "utf8")).toBe(stateText(id, "scanned"));
+    const again = await start({
+      home,
+      waitReady: false,
+      env: { TASKSHIM_ENGINE_URL: `unix://${join(home, "no-engine.sock")}` },
+    });
+    expect(await again.waitExit(15_000)).toBe(1);
+    expect(again.logs).not.toMatch(/already running/);
+  });
+});
+
 describe("S15 a quarantine that cannot take the corrupt file", () => {
   it("reports the failure (log, metrics, taskshim status), leaves the file, and a submit of its task answers 409", async () => {
     const home = await newHome();

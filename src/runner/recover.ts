@@ -1,5 +1,6 @@
 import pLimit from "p-limit";
 import type { Reconciler } from "./reconciler.js";
+import type { ScannedTaskDir } from "../state/task-dirs.js";
 import { restoreTasks, type RestoreReport } from "./restore.js";
 import type { RunnerContext } from "./runner-context.js";
 import type { TaskRunner } from "./task-runner.js";
@@ -45,8 +46,11 @@ export interface Recovery {
  * 5. **Resume the cut starts**: returned as {@link Recovery.resumeStarts}, for the caller to run
  *    once the API serves.
  */
-export async function recover({ ctx, runner, reconciler }: RecoveryParts): Promise<Recovery> {
-  const report = await restoreTasks(ctx);
+export async function recover(
+  { ctx, runner, reconciler }: RecoveryParts,
+  scanned?: Promise<readonly ScannedTaskDir[]>,
+): Promise<Recovery> {
+  const report = await restoreTasks(ctx, scanned);
   // (On a degraded home they stay not yet durable and are written once it takes writes.)
   await pLimit(RESTORED_WRITES_AT_ONCE).map(report.changed, (id) => runner.writeRestored(id));
   await reconciler.tick(report.listed);

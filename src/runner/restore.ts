@@ -51,9 +51,12 @@ export interface RestoreReport {
  * before the API serves. A task owns only the GPUs it newly locks here, so two restored
  * tasks can never both release the same GPU.
  */
-export async function restoreTasks(ctx: RunnerContext): Promise<RestoreReport> {
+export async function restoreTasks(
+  ctx: RunnerContext,
+  scanning?: Promise<readonly ScannedTaskDir[]>,
+): Promise<RestoreReport> {
   const { dirs, store, log } = ctx;
-  const { scanned, containers } = await scanAndList(ctx);
+  const { scanned, containers } = await scanAndList(ctx, scanning);
   await failpoint("mid-restore");
 
   const sorted = await sortScanned(ctx, scanned);
@@ -109,12 +112,14 @@ export async function restoreTasks(ctx: RunnerContext): Promise<RestoreReport> {
 
 /**
  * The disk and the engine at once: the list's round trip hides behind the reads. Both end
- * before a failure is reported (the scan deletes temp files in the home).
+ * before a failure is reported (the scan deletes temp files in the home). `scanning`: the scan
+ * the start began under the home lock, while it reached the engine (src/shim/start-shim.ts).
  */
 async function scanAndList(
   ctx: RunnerContext,
+  scanning: Promise<readonly ScannedTaskDir[]> | undefined,
 ): Promise<{ scanned: readonly ScannedTaskDir[]; containers: readonly TaskContainerSummary[] }> {
-  const reads = [ctx.dirs.scan(), ctx.docker.listTaskContainers(ctx.shutdown)] as const;
+  const reads = [scanning ?? ctx.dirs.scan(), ctx.docker.listTaskContainers(ctx.shutdown)] as const;
   await Promise.allSettled(reads);
   const [scanned, containers] = await Promise.all(reads);
   return { scanned, containers };

@@ -72,7 +72,7 @@ describe("TaskPersister", () => {
     expect(second).not.toBe(first);
     await Promise.all([first, second, third]);
     expect(written).toEqual(["preparing", "creating"]);
-    expect((await readTaskState(dir)).status).toBe("creating");
+    expect(readTaskState(dir).status).toBe("creating");
   });
 
   it("rejects with TaskPersistError when the write fails, and the next write runs again", async () => {
@@ -80,7 +80,7 @@ describe("TaskPersister", () => {
     await expect(persister.persist("t1")).rejects.toThrow(/failed to persist state of task t1/);
     await mkdir(dir);
     await persister.persist("t1");
-    expect((await readTaskState(dir)).status).toBe("pending");
+    expect(readTaskState(dir).status).toBe("pending");
   });
 
   it("never lets a slow earlier write land after a newer one", async () => {
@@ -98,7 +98,7 @@ describe("TaskPersister", () => {
     await Promise.all([slow, newer]);
     expect(written).toEqual(["preparing", "pulling"]);
     expect(io.maxInFlight).toBe(1);
-    expect((await readTaskState(dir)).status).toBe("pulling");
+    expect(readTaskState(dir).status).toBe("pulling");
   });
 
   it("orders writes per task only: another task's write does not wait", async () => {
@@ -109,7 +109,7 @@ describe("TaskPersister", () => {
       io.gate = new Promise<void>((resolve) => (open = resolve));
       const slow = persister.persist("t1");
       await persister.persist("t2");
-      expect((await readTaskState(other)).id).toBe("t2");
+      expect(readTaskState(other).id).toBe("t2");
       open();
       await slow;
       await persister.settle("t1");
@@ -128,7 +128,7 @@ describe("TaskPersister", () => {
     expect(settled).toBe(false);
     open();
     await settling;
-    expect((await readTaskState(dir)).status).toBe("pending");
+    expect(readTaskState(dir).status).toBe("pending");
   });
 });
 
@@ -188,7 +188,7 @@ describe("TaskPersister: a failed write", () => {
     await first;
     expect(await second).toBeInstanceOf(TaskPersistError);
     await persister.persist("t1");
-    expect((await readTaskState(dir)).status).toBe("preparing");
+    expect(readTaskState(dir).status).toBe("preparing");
   });
 });
 
@@ -252,8 +252,8 @@ describe("TaskPersister.flush", () => {
       expect(persister.unsyncedIds()).toHaveLength(1);
       expect(await persister.flush()).toBe(true);
       expect(persister.unsyncedIds()).toEqual([]);
-      expect((await readTaskState(dir)).id).toBe("t1");
-      expect((await readTaskState(other)).id).toBe("t2");
+      expect(readTaskState(dir).id).toBe("t1");
+      expect(readTaskState(other).id).toBe("t2");
       // Nothing unsynced: nothing written.
       written.length = 0;
       expect(await persister.flush()).toBe(true);
@@ -276,7 +276,7 @@ describe("TaskPersister.persistChange", () => {
       });
       expect(next).toBe(store.mustGet("t1"));
       expect(next).toMatchObject({ status: "terminated", terminationReason: "terminated_by_user" });
-      const onDisk = await readTaskState(dir);
+      const onDisk = readTaskState(dir);
       expect(onDisk.status).toBe("terminated");
       // The store would stamp a new (later) time when applying; memory keeps the file's.
       expect(next.finishedAt).toBeDefined();
@@ -296,7 +296,7 @@ describe("TaskPersister.persistChange", () => {
       now.mockImplementation(() => (t += 1_000));
       const next = await persister.persistChange("t1", (d) => (d.status = "running"));
       expect(next.startedAt).toBeDefined();
-      expect((await readTaskState(dir)).started_at).toBe(new Date(next.startedAt!).toISOString());
+      expect(readTaskState(dir).started_at).toBe(new Date(next.startedAt!).toISOString());
       expect(next.finishedAt).toBeUndefined();
     } finally {
       now.mockRestore();
@@ -327,7 +327,7 @@ describe("TaskPersister.persistChange", () => {
     await after;
     // Resolved only once the change itself is on disk.
     expect(store.mustGet("t1").status).toBe("preparing");
-    expect((await readTaskState(dir)).status).toBe("preparing");
+    expect(readTaskState(dir).status).toBe("preparing");
     await Promise.all([inFlight, queuedBefore, change]);
     expect(written).toEqual(["pending", "pending", "preparing", "preparing"]);
   });

@@ -33,8 +33,8 @@ async function restart(): Promise<TestEnv> {
 }
 
 /** The three times as memory (what the API shows) and task.json hold them. */
-async function timesOf(task: Task): Promise<number[][]> {
-  const disk = await readTaskState(task.taskDir);
+function timesOf(task: Task): number[][] {
+  const disk = readTaskState(task.taskDir);
   const ms = (iso: string | null | undefined): number | undefined => (iso ? Date.parse(iso) : undefined);
   const defined = (values: (number | undefined)[]): number[] => values.filter((v) => v !== undefined);
   return [
@@ -74,7 +74,7 @@ describe("a container that exits at once while the start's commit is slow", () =
     expect(task.startedAt! - started).toBeGreaterThanOrEqual(0);
     expect(task.startedAt! - started).toBeLessThan(slowMs / 2);
     expect(committed - task.startedAt!).toBeGreaterThanOrEqual(slowMs);
-    expectOrdered(await timesOf(task));
+    expectOrdered(timesOf(task));
   });
 
   it("bridge mode: the engine's own StartedAt and FinishedAt, exactly", async () => {
@@ -92,7 +92,7 @@ describe("a container that exits at once while the start's commit is slow", () =
     expect(task).toMatchObject({ status: "terminated", terminationReason: "container_exited_with_error" });
     expect(task.startedAt).toBe(Date.parse(container.startedAt));
     expect(task.finishedAt).toBe(Date.parse(container.finishedAt));
-    expectOrdered(await timesOf(task));
+    expectOrdered(timesOf(task));
   });
 });
 
@@ -114,7 +114,7 @@ describe("a start that adopts its container", () => {
       startedAt: created + 1_000,
       finishedAt: created + 2_000,
     });
-    expectOrdered(await timesOf(task), 2);
+    expectOrdered(timesOf(task), 2);
   });
 });
 
@@ -136,7 +136,7 @@ describe("a restore whose times are inverted", () => {
     // Persisted at startup: a rolled-back release reading the file then shows the same times.
     expect(report.changed).toContain(task.id);
     await next.reconciler.tick();
-    expectOrdered(await timesOf(next.ctx.store.mustGet(task.id)));
+    expectOrdered(timesOf(next.ctx.store.mustGet(task.id)));
   });
 
   it("raises a container's StartedAt before the submit to the submit", async () => {
@@ -163,6 +163,6 @@ describe("a restore whose times are inverted", () => {
     const finalized = next.ctx.store.mustGet(task.id);
     expect(finalized).toMatchObject({ status: "terminated", terminationReason: "done_by_runner" });
     expect([finalized.startedAt, finalized.finishedAt]).toEqual([t + 3_000, t + 3_000]);
-    expectOrdered(await timesOf(finalized));
+    expectOrdered(timesOf(finalized));
   });
 });

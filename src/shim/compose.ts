@@ -36,9 +36,10 @@ import { shimHandoff, type ShimHandoff } from "./connection-handoff.js";
 import type { DcgmParts } from "./dcgm-setup.js";
 import type { ShimShutdown } from "./shutdown.js";
 
-/** The parts the start needs before the engine answers: the store, metrics, commands, storage. */
+/** The parts the start needs before the engine answers: the store, the task dirs, metrics, commands, storage. */
 export interface ShimBase {
   readonly store: TaskStore;
+  readonly dirs: TaskDirs;
   readonly metrics: ShimMetrics;
   readonly commands: BoundedCommandRunner;
   readonly storage: StorageHealth;
@@ -70,6 +71,7 @@ export function composeBase(
   });
   return {
     store,
+    dirs: new TaskDirs(config.home),
     metrics,
     commands,
     storage,
@@ -108,7 +110,7 @@ export function composeRunner(
     docker: new GuardedDockerClient(found.docker, found.engineGuard),
     engineGuard: found.engineGuard,
     store: base.store,
-    dirs: new TaskDirs(config.home),
+    dirs: base.dirs,
     inventory: found.inventory,
     gpuLock: new GpuLock(found.inventory),
     hostKeys: new HostKeysReconciler(

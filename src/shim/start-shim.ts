@@ -4,11 +4,13 @@
  * compose.ts, and the shutdown (shutdown.ts) drives the lifecycle from the log's opening on.
  */
 import type { ShimConfig } from "../config/shim-config.js";
+import type { ScannedTaskDir } from "../state/task-dirs.js";
 import { VERSION } from "../version.js";
 import { composeApi, composeBase, composeRunner } from "./compose.js";
 import { prepareDcgm } from "./dcgm-setup.js";
 import type { GlibcMalloc } from "./glibc-malloc.js";
 import { ShimShutdown } from "./shutdown.js";
+import { unlessInterrupted } from "./start-interruption.js";
 import { checkPreconditions, lockHome, openLog } from "./startup-checks.js";
 import {
   bindEngine,
@@ -57,8 +59,11 @@ export async function startShim(
   const { log, logFile } = await openLog(config, lock); // 3
   const shutdown = new ShimShutdown({ log, lock, logFile });
   shutdown.watchStart(interrupted);
+  let scan: Promise<ScannedTaskDir[]> | undefined;
   try {
     const base = composeBase(config, log, logFile, shutdown);
+    scan = base.dirs.scan(); // 6's reads of the task dirs, begun under the lock while 4 and 5 wait
+    scan.catch(() => undefined); // awaited by the recovery, or below on a failed start
     const host = surveyHost(config, base.commands, base.storage, log); // 5, begun before 4
     const chosen = await chooseEngine(config, base.metrics, log, shutdown.signal); // 4
     const reached = await reachEngine(config, chosen, host, shutdown.signal, interrupted); // 4 and 5
@@ -81,7 +86,7 @@ export async function startShim(
     // disk; nothing listens before the restore and the first tick are done.
     const ready = (async () => void (await api.app.ready()))();
     ready.catch(() => undefined); // awaited by listen; a failed restore must not leave it unhandled
-    const recovery = await recoverTasks(parts, engineGuard, log, shutdown, interrupted); // 6
+    const recovery = await recoverTasks(parts, engineGuard, scan, log, shutdown, interrupted); // 6
     const componentCheck = checkComponents(config, parts.components); // 7
     const address = await listen(config, api, ready, target, interrupted); // 8
     const engine = chosen.engine.current();
@@ -110,6 +115,9 @@ export async function startShim(
     );
     return { address, stopped: shutdown.stopped, shutdown: (force) => shutdown.request(force) };
   } catch (error) {
+    // The scan deletes stale temp files in the home: it ends before the lock is released, unless
+    // a signal stops the start (as the recovery's own reads would).
+    if (scan !== undefined) await unlessInterrupted(scan, interrupted).catch(() => undefined);
     throw await shutdown.failStart(error);
   }
 }

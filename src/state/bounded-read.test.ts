@@ -9,6 +9,7 @@ import {
   FileTooLargeError,
   NotRegularFileError,
   readBoundedFile,
+  readBoundedFileSync,
 } from "./bounded-read.js";
 
 let dir: string;
@@ -19,16 +20,36 @@ afterEach(async () => {
   await rm(dir, { recursive: true, force: true });
 });
 
-const refusal = (path: string, max = 1024): Promise<unknown> =>
-  readBoundedFile(path, max).catch((error: unknown) => error);
+/** The two readers, the synchronous one's throw as a rejection: one behaviour, checked for both. */
+const READERS = [
+  ["readBoundedFile", readBoundedFile],
+  [
+    "readBoundedFileSync",
+    (path: string, max: number) => Promise.resolve().then(() => readBoundedFileSync(path, max)),
+  ],
+] as const;
 
-describe("readBoundedFile", () => {
+describe.each(READERS)("%s", (_name, readBounded) => {
+  const refusal = (path: string, max = 1024): Promise<unknown> =>
+    readBounded(path, max).catch((error: unknown) => error);
+
   it("reads a regular file up to the cap, and an empty one", async () => {
     const path = join(dir, "f");
     await writeFile(path, "héllo");
-    expect(await readBoundedFile(path, 6)).toBe("héllo");
+    expect(await readBounded(path, 6)).toBe("héllo");
     await writeFile(path, "");
-    expect(await readBoundedFile(path, 6)).toBe("");
+    expect(await readBounded(path, 6)).toBe("");
+  });
+
+  it("reads past the size fstat gave (a file that grew since) up to the cap, and refuses one beyond it", async () => {
+    // A regular file whose fstat size (0) is less than what it holds, as a file appended to
+    // between the fstat and the read.
+    const path = "/proc/self/mountinfo";
+    const text = await readBounded(path, 1024 * 1024);
+    expect(text).toMatch(/ \/ /);
+    const error = await refusal(path, 8);
+    expect(error).toBeInstanceOf(FileTooLargeError);
+    expect(error).toMatchObject({ limitBytes: 8, sizeBytes: undefined });
   });
 
   it("refuses a file beyond the cap without reading it, naming the limit and the size", async () => {
@@ -77,7 +98,7 @@ describe("readBoundedFile", () => {
   });
 
   it("passes a missing file's own error on, for the caller to tell apart", async () => {
-    await expect(readBoundedFile(join(dir, "absent"), 10)).rejects.toMatchObject({ code: "ENOENT" });
+    await expect(readBounded(join(dir, "absent"), 10)).rejects.toMatchObject({ code: "ENOENT" });
   });
 });
 

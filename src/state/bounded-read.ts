@@ -1,4 +1,4 @@
-import { constants, type Stats } from "node:fs";
+import { closeSync, constants, fstatSync, lstatSync, openSync, readSync, type Stats } from "node:fs";
 import { lstat, open } from "node:fs/promises";
 
 /*
@@ -69,6 +69,62 @@ export function describeBytes(bytes: number): string {
   return `${bytes} bytes`;
 }
 
+/** How a bounded read opens the path: never through a symlink, never waiting on a FIFO or a tty. */
+const OPEN_FLAGS = constants.O_RDONLY | constants.O_NOFOLLOW | constants.O_NONBLOCK | constants.O_NOCTTY;
+
+/** Throws unless `stats` (an `lstat` of the path, or an `fstat` of its handle) is a regular file within the cap. */
+function checkRegular(path: string, stats: Stats, maxBytes: number): void {
+  if (!stats.isFile()) throw new NotRegularFileError(path, fileKindOf(stats));
+  if (stats.size > maxBytes) throw new FileTooLargeError(path, maxBytes, stats.size);
+}
+
+/** The open's error, as a bounded read reports it: a symlink put there since the `lstat` is one. */
+function openError(path: string, error: unknown): unknown {
+  return (error as NodeJS.ErrnoException).code === "ELOOP"
+    ? new NotRegularFileError(path, "a symbolic link", { cause: error })
+    : error;
+}
+
+/**
+ * The buffer of one bounded read: sized by the `fstat` (a restore reads many small files), grown
+ * to the cap, plus the byte that tells a file beyond it, only for a file that grew since.
+ */
+class BoundedBuffer {
+  private buffer: Buffer;
+  private length = 0;
+
+  constructor(
+    private readonly path: string,
+    private readonly maxBytes: number,
+    private readonly size: number,
+  ) {
+    this.buffer = Buffer.allocUnsafe(size + 1);
+  }
+
+  /** Where the next read goes: `buffer` from `offset` (also the file position), `length` bytes. */
+  next(): { buffer: Buffer; offset: number; length: number } {
+    if (this.length === this.buffer.length) {
+      if (this.length > this.maxBytes) throw new FileTooLargeError(this.path, this.maxBytes, undefined);
+      this.buffer = Buffer.concat([this.buffer, Buffer.allocUnsafe(this.maxBytes + 1 - this.length)]);
+    }
+    return { buffer: this.buffer, offset: this.length, length: this.buffer.length - this.length };
+  }
+
+  /**
+   * Takes a read's count; whether the file is read to its end. A short read of a regular file is
+   * its end: once the size fstat gave is in, the read of 0 bytes that would confirm it is spared.
+   */
+  took(bytesRead: number, asked: number): boolean {
+    this.length += bytesRead;
+    return bytesRead === 0 || (bytesRead < asked && this.length >= this.size);
+  }
+
+  text(): string {
+    if (this.length > this.maxBytes) throw new FileTooLargeError(this.path, this.maxBytes, undefined);
+    return this.buffer.toString("utf8", 0, this.length);
+  }
+}
+
 /**
  * Reads a regular file of at most `maxBytes` as UTF-8 text. What is at the path is looked at
  * first (`lstat`: a symlink, FIFO or device is refused without being opened), then opened with
@@ -80,45 +136,48 @@ export function describeBytes(bytes: number): string {
  * (`ENOENT` when there is nothing at the path, for the caller to tell apart).
  */
 export async function readBoundedFile(path: string, maxBytes: number): Promise<string> {
-  const seen = await lstat(path);
-  if (!seen.isFile()) throw new NotRegularFileError(path, fileKindOf(seen));
-  if (seen.size > maxBytes) throw new FileTooLargeError(path, maxBytes, seen.size);
-  let handle;
-  try {
-    handle = await open(
-      path,
-      constants.O_RDONLY | constants.O_NOFOLLOW | constants.O_NONBLOCK | constants.O_NOCTTY,
-    );
-  } catch (error) {
-    // Replaced by a symlink since the lstat.
-    if ((error as NodeJS.ErrnoException).code === "ELOOP") {
-      throw new NotRegularFileError(path, "a symbolic link", { cause: error });
-    }
-    throw error;
-  }
+  checkRegular(path, await lstat(path), maxBytes);
+  const handle = await open(path, OPEN_FLAGS).catch((error: unknown) => {
+    throw openError(path, error);
+  });
   try {
     const opened = await handle.stat();
-    if (!opened.isFile()) throw new NotRegularFileError(path, fileKindOf(opened));
-    if (opened.size > maxBytes) throw new FileTooLargeError(path, maxBytes, opened.size);
-    // Sized by the fstat (a restore reads many small files at once); grown to the cap, plus the
-    // byte that tells a file beyond it, only for a file that grew since.
-    let buffer = Buffer.allocUnsafe(opened.size + 1);
-    let length = 0;
+    checkRegular(path, opened, maxBytes);
+    const into = new BoundedBuffer(path, maxBytes, opened.size);
     for (;;) {
-      if (length === buffer.length) {
-        if (length > maxBytes) throw new FileTooLargeError(path, maxBytes, undefined);
-        buffer = Buffer.concat([buffer, Buffer.allocUnsafe(maxBytes + 1 - length)]);
-      }
-      const asked = buffer.length - length;
-      const { bytesRead } = await handle.read(buffer, length, asked, length);
-      length += bytesRead;
-      // A short read of a regular file is its end: once the size fstat gave is in, the read of 0
-      // bytes that would confirm it is spared (a restore reads 200 of these at once).
-      if (bytesRead === 0 || (bytesRead < asked && length >= opened.size)) break;
+      const { buffer, offset, length } = into.next();
+      const { bytesRead } = await handle.read(buffer, offset, length, offset);
+      if (into.took(bytesRead, length)) return into.text();
     }
-    if (length > maxBytes) throw new FileTooLargeError(path, maxBytes, undefined);
-    return buffer.toString("utf8", 0, length);
   } finally {
     await handle.close();
+  }
+}
+
+/**
+ * {@link readBoundedFile} by synchronous calls, for the restore's scan of the task dirs: on a
+ * warm page cache its seven calls per dir cost a few microseconds each, where each round trip
+ * through libuv's thread pool costs tens of them and the scan held a restart of 200 tasks back by
+ * ~40 ms (BENCHMARKS.md, the restart's profile). Not for a path read while the shim serves: a
+ * slow disk would stall the event loop.
+ */
+export function readBoundedFileSync(path: string, maxBytes: number): string {
+  checkRegular(path, lstatSync(path), maxBytes);
+  let fd: number;
+  try {
+    fd = openSync(path, OPEN_FLAGS);
+  } catch (error) {
+    throw openError(path, error);
+  }
+  try {
+    const opened = fstatSync(fd);
+    checkRegular(path, opened, maxBytes);
+    const into = new BoundedBuffer(path, maxBytes, opened.size);
+    for (;;) {
+      const { buffer, offset, length } = into.next();
+      if (into.took(readSync(fd, buffer, offset, length, offset), length)) return into.text();
+    }
+  } finally {
+    closeSync(fd);
   }
 }

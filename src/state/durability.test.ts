@@ -47,7 +47,7 @@ describe("task.json", () => {
     // Replacing an existing file takes the same path: never an in-place rewrite.
     await writeTaskState(root, { ...task, status: "terminated" }, "boot");
     expect(durableReplaceViolations(fsJournal, join(root, TASK_STATE_FILE))).toEqual([]);
-    expect((await readTaskState(root)).status).toBe("terminated");
+    expect(readTaskState(root).status).toBe("terminated");
     expect(await readdir(root)).toEqual([TASK_STATE_FILE]);
   });
 

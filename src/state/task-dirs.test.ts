@@ -171,6 +171,25 @@ describe("TaskDirs.scan", () => {
     expect([...(goodEntry?.names ?? [])].sort()).toEqual(["pull.log", "runner", "task.json"]);
   });
 
+  it("yields to the event loop between slices, and finds the same as a scan in one slice", async () => {
+    for (let i = 0; i < 5; i++) {
+      const dir = await dirs.make(`job-${i}-0-7777777${i}`);
+      await writeTaskState(dir, makeTask(`t-${i}`, `job-${i}-0`), "boot");
+    }
+    const whole = await dirs.scan(Number.POSITIVE_INFINITY);
+    // Queued before each scan: it runs before a scan that yields ends, after one that does not.
+    const ranBefore = async (sliceMs: number): Promise<boolean> => {
+      let ran = false;
+      setImmediate(() => (ran = true));
+      const found = await dirs.scan(sliceMs).then((scanned) => ({ scanned, ran }));
+      expect(found.scanned).toEqual(whole);
+      return found.ran;
+    };
+    expect(await ranBefore(0)).toBe(true);
+    expect(await ranBefore(Number.POSITIVE_INFINITY)).toBe(false);
+    expect(whole.map((entry) => entry.kind)).toEqual(["state", "state", "state", "state", "state"]);
+  });
+
   it("deletes stale temp files of task.json and nothing else", async () => {
     const dir = await dirs.make("job-0-0-66666666");
     await writeTaskState(dir, makeTask("t-1", "job-0-0"), "boot");

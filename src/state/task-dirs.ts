@@ -1,5 +1,6 @@
-import type { Dirent } from "node:fs";
-import { chmod, lstat, mkdir, readdir, readlink, rename, rm, unlink } from "node:fs/promises";
+import { lstatSync, readdirSync, readlinkSync, unlinkSync, type Dirent, type Stats } from "node:fs";
+import { setImmediate as yieldToLoop } from "node:timers/promises";
+import { chmod, lstat, mkdir, readdir, rename, rm } from "node:fs/promises";
 import { dirname, join, relative, resolve, sep } from "node:path";
 import pLimit from "p-limit";
 import type { TaskHold } from "../tasks/task.js";
@@ -145,34 +146,49 @@ export class TaskDirs {
    * symlink there is never followed and a dir of another user never entered (both `unsafe`); a
    * dir wider than 0700 is narrowed to it (`narrowedFrom`). Every task.json is read bounded in
    * size and type (`readTaskState`).
+   *
+   * By synchronous calls, dir after dir, yielding to the event loop whenever
+   * {@link SCAN_SLICE_MS} have passed: a restart reads every dir before it serves, and on a warm
+   * page cache a synchronous call costs a few microseconds where a round trip through libuv's
+   * thread pool costs tens (200 dirs: ~12 ms against ~50 ms cold, BENCHMARKS.md). The yields keep
+   * the start's signals and the engine's answers waiting a slice at most, unless one call is
+   * itself slow: a read stuck in the kernel holds the loop until it returns. `sliceMs`: for tests.
    */
-  async scan(): Promise<ScannedTaskDir[]> {
+  async scan(sliceMs = SCAN_SLICE_MS): Promise<ScannedTaskDir[]> {
     let entries: Dirent[];
     try {
-      entries = await readdir(this.root, { withFileTypes: true });
+      entries = readdirSync(this.root, { withFileTypes: true });
     } catch (error) {
       if ((error as NodeJS.ErrnoException).code === "ENOENT") return [];
       throw error;
     }
-    // A few dirs at a time: read one by one, 200 task dirs held a restart back by ~0.3 s.
-    return pLimit(SCAN_CONCURRENCY).map(
-      entries.filter(
-        (entry) => (entry.isDirectory() || entry.isSymbolicLink()) && !entry.name.startsWith("."),
-      ),
-      (entry) => this.scanOne(join(this.root, entry.name)),
-    );
+    const scanned: ScannedTaskDir[] = [];
+    let sliceFrom = performance.now();
+    for (const entry of entries) {
+      if ((!entry.isDirectory() && !entry.isSymbolicLink()) || entry.name.startsWith(".")) continue;
+      const found = this.scanOne(join(this.root, entry.name));
+      scanned.push(found.narrowedFrom === undefined ? found : await narrowed(found));
+      if (performance.now() - sliceFrom >= sliceMs) {
+        await yieldToLoop();
+        sliceFrom = performance.now();
+      }
+    }
+    return scanned;
   }
 
-  private async scanOne(dir: string): Promise<ScannedTaskDir> {
-    const seen = await lstat(dir).catch(() => undefined);
-    // Gone since the listing: nothing to restore.
-    if (seen === undefined) return { kind: "no-state", dir, names: [] };
+  private scanOne(dir: string): ScannedTaskDir {
+    let seen: Stats;
+    try {
+      seen = lstatSync(dir);
+    } catch {
+      // Gone since the listing: nothing to restore.
+      return { kind: "no-state", dir, names: [] };
+    }
     if (seen.isSymbolicLink()) {
-      const target = await readlink(dir).catch(() => "?");
       return {
         kind: "unsafe",
         dir,
-        why: `it is a symbolic link (to ${target}), not a directory`,
+        why: `it is a symbolic link (to ${readLinkOr(dir, "?")}), not a directory`,
         names: undefined,
       };
     }
@@ -188,27 +204,21 @@ export class TaskDirs {
     }
     const mode = seen.mode & 0o7777;
     // Wider than 0700 (a chmod by hand, an older release): another user could read credentials.
-    const narrowedFrom = (mode & 0o7077) !== 0 ? mode : undefined;
-    // A home that cannot take the chmod (read-only, immutable) does not stop the scan: reported.
-    const narrowError =
-      narrowedFrom === undefined ? undefined : await chmod(dir, 0o700).then(() => undefined, describeFsError);
-    const narrowed = {
-      ...(narrowedFrom !== undefined ? { narrowedFrom } : {}),
-      ...(narrowError !== undefined ? { narrowError } : {}),
-    };
-    const names = await this.sweepTempFiles(dir);
+    // Narrowed by the scan once this dir is read (`narrowed`).
+    const wide = (mode & 0o7077) !== 0 ? { narrowedFrom: mode } : {};
+    const names = this.sweepTempFiles(dir);
     // Listed without a task.json: nothing to read (a restart reads every dir).
     // Stryker disable next-line ConditionalExpression: without the shortcut the read fails with ENOENT, giving the same no-state one call later.
     if (names !== undefined && !names.includes(TASK_STATE_FILE))
-      return { kind: "no-state", dir, names, ...narrowed };
+      return { kind: "no-state", dir, names, ...wide };
     try {
-      return { kind: "state", dir, state: await readTaskState(dir), names, ...narrowed };
+      return { kind: "state", dir, state: readTaskState(dir), names, ...wide };
     } catch (error) {
       const code = (error as NodeJS.ErrnoException).code;
       // Stryker disable next-line ConditionalExpression,StringLiteral: reached only by a dir that could not be listed, or whose task.json vanished after its listing: neither can be staged.
       return code === "ENOENT"
-        ? { kind: "no-state", dir, names, ...narrowed }
-        : { kind: "unreadable", dir, error: error as Error, names, ...narrowed };
+        ? { kind: "no-state", dir, names, ...wide }
+        : { kind: "unreadable", dir, error: error as Error, names, ...wide };
     }
   }
 
@@ -220,7 +230,7 @@ export class TaskDirs {
   async sweepLeftovers(keep: ReadonlySet<string>): Promise<string[]> {
     const names = await readdir(this.root).catch(() => [] as string[]);
     const swept = (
-      await pLimit(SCAN_CONCURRENCY).map(names, async (name) => {
+      await pLimit(SWEEP_CONCURRENCY).map(names, async (name) => {
         const dir = join(this.root, name);
         // A held dir is never deleted (it may be another user's, kept for a human).
         const leftover =
@@ -261,20 +271,52 @@ export class TaskDirs {
     return sweepQuarantine(dirname(this.root));
   }
 
-  /** Deletes the dir's stale temp files; the names left, or `undefined` if it cannot be listed. */
-  private async sweepTempFiles(dir: string): Promise<string[] | undefined> {
-    const names = await readdir(dir).catch(() => undefined);
-    if (names === undefined) return undefined;
+  /** Deletes the dir's stale temp files (by the scan's synchronous calls); the names left, or `undefined` if it cannot be listed. */
+  private sweepTempFiles(dir: string): string[] | undefined {
+    let names: string[];
+    try {
+      names = readdirSync(dir);
+    } catch {
+      return undefined;
+    }
     const prefix = tempFilePrefix(join(dir, TASK_STATE_FILE));
     for (const name of names) {
-      if (name.startsWith(prefix)) await unlink(join(dir, name)).catch(() => undefined);
+      if (!name.startsWith(prefix)) continue;
+      try {
+        unlinkSync(join(dir, name));
+      } catch {
+        // Left for the next start: a temp file is never read.
+      }
     }
     return names.filter((name) => !name.startsWith(prefix));
   }
 }
 
-/** Task dirs read at once by a scan or a sweep. */
-const SCAN_CONCURRENCY = 16;
+/** The target of a symlink, or `fallback` when it cannot be read. */
+function readLinkOr(path: string, fallback: string): string {
+  try {
+    return readlinkSync(path);
+  } catch {
+    return fallback;
+  }
+}
+
+/**
+ * A scanned dir wider than 0700 narrowed to it. A home that cannot take the chmod (read-only,
+ * immutable) does not stop the scan: `narrowError` says why.
+ */
+async function narrowed(found: ScannedTaskDir): Promise<ScannedTaskDir> {
+  return chmod(found.dir, 0o700).then(
+    () => found,
+    (error: unknown) => ({ ...found, narrowError: describeFsError(error) }),
+  );
+}
+
+/** How long the scan runs between two yields to the event loop, in ms. */
+const SCAN_SLICE_MS = 5;
+
+/** Task dirs a sweep of leftovers looks at at once. */
+const SWEEP_CONCURRENCY = 16;
 
 async function holdsOnlyEmptyRunnerDir(dir: string): Promise<boolean> {
   try {

@@ -51,6 +51,16 @@ const { config: CONFIG, auth: AUTH } = parseTaskConfig({
   env: { HF_TOKEN: "not-a-registry-secret" },
 });
 
+/** What `read` threw (it must throw). */
+function thrownBy(read: () => unknown): unknown {
+  try {
+    read();
+  } catch (error) {
+    return error;
+  }
+  throw new Error("expected a throw");
+}
+
 function makeTask(overrides: Partial<Task> = {}): Task {
   return {
     id: ID,
@@ -97,7 +107,7 @@ describe("task.json round trip", () => {
       exitCode: 137,
     });
     await writeTaskState(dir, task, BOOT_ID);
-    const state = await readTaskState(dir);
+    const state = readTaskState(dir);
     expect(state).toEqual({
       version: 1,
       id: ID,
@@ -149,7 +159,7 @@ describe("task.json round trip", () => {
     // dstack-shim writes the keys blanked, so an old shim reading our file sees the same shape.
     expect(raw.config.registry_username).toBe("");
     expect(raw.config.registry_password).toBe("");
-    expect((await readTaskState(dir)).config).toEqual(CONFIG);
+    expect(readTaskState(dir).config).toEqual(CONFIG);
   });
 
   it("keeps the created, started and finished times as ISO 8601, and none when unknown", () => {
@@ -205,7 +215,7 @@ describe("task.json round trip", () => {
 describe("reading dstack-shim's v1 format", () => {
   it("reads a file without taskshim's extra fields", async () => {
     await writeFile(join(dir, TASK_STATE_FILE), DSTACK_SHIM_V1);
-    const state = await readTaskState(dir);
+    const state = readTaskState(dir);
     expect(state.version).toBe(1);
     expect(state.id).toBe(ID);
     expect(state.termination_reason).toBe("");
@@ -389,7 +399,7 @@ describe("rejected task.json", () => {
       `"cleaned_up":false,"padding":"${"x".repeat(TASK_STATE_MAX_BYTES)}"`,
     );
     await writeFile(join(dir, TASK_STATE_FILE), big);
-    await expect(readTaskState(dir)).rejects.toThrow(FileTooLargeError);
+    expect(() => readTaskState(dir)).toThrow(FileTooLargeError);
     const huge = makeTask({ terminationMessage: "m".repeat(TASK_STATE_MAX_BYTES) });
     await expect(writeTaskState(dir, huge, BOOT_ID)).rejects.toThrow(TaskStateTooLargeError);
     expect(await readFile(join(dir, TASK_STATE_FILE), "utf8")).toBe(big);
@@ -400,10 +410,10 @@ describe("rejected task.json", () => {
 
   it("S9 refuses a task.json that is a FIFO or a symlink, without waiting or following", async () => {
     execFileSync("mkfifo", [join(dir, TASK_STATE_FILE)]);
-    await expect(readTaskState(dir)).rejects.toMatchObject({ name: "NotRegularFileError", kind: "a FIFO" });
+    expect(thrownBy(() => readTaskState(dir))).toMatchObject({ name: "NotRegularFileError", kind: "a FIFO" });
     await rm(join(dir, TASK_STATE_FILE));
     await symlink("/dev/zero", join(dir, TASK_STATE_FILE));
-    await expect(readTaskState(dir)).rejects.toMatchObject({
+    expect(thrownBy(() => readTaskState(dir))).toMatchObject({
       name: "NotRegularFileError",
       kind: "a symbolic link",
     });
@@ -411,9 +421,9 @@ describe("rejected task.json", () => {
 
   it("reports a truncated file on disk as CorruptTaskStateError and a missing one as ENOENT", async () => {
     await writeFile(join(dir, TASK_STATE_FILE), "");
-    await expect(readTaskState(dir)).rejects.toThrow(CorruptTaskStateError);
+    expect(() => readTaskState(dir)).toThrow(CorruptTaskStateError);
     await rm(join(dir, TASK_STATE_FILE));
-    await expect(readTaskState(dir)).rejects.toMatchObject({ code: "ENOENT" });
+    expect(thrownBy(() => readTaskState(dir))).toMatchObject({ code: "ENOENT" });
   });
 });
 

@@ -3,7 +3,7 @@ import type { Task, UnknownStateFields } from "../tasks/task.js";
 import { isValidTaskId, isValidTaskName, type TaskConfig } from "../tasks/task-config.js";
 import { TASK_STATUSES, type TaskStatus } from "../tasks/task-status.js";
 import type { TerminationReason } from "../tasks/termination-reason.js";
-import { describeBytes, readBoundedFile } from "./bounded-read.js";
+import { describeBytes, readBoundedFileSync } from "./bounded-read.js";
 import { writeFileDurably } from "./durable-write.js";
 import { decodeStoredConfig, KNOWN_CONFIG_KEYS, unknownKeys } from "./stored-config.js";
 import { errorMessage } from "../errors/error-message.js";
@@ -309,11 +309,12 @@ function newerView(raw: Record<string, unknown>, version: number): NewerTaskStat
 
 /**
  * Reads `<taskDir>/task.json`: a regular file of at most {@link TASK_STATE_MAX_BYTES}, never
- * through a symlink nor by a blocking open (`readBoundedFile`: `NotRegularFileError`,
+ * through a symlink nor by a blocking open (`readBoundedFileSync`: `NotRegularFileError`,
  * `FileTooLargeError`), then decoded (`CorruptTaskStateError`, `UnsupportedTaskStateVersionError`).
+ * Synchronous: read by the restore's scan alone, before the shim serves (see `TaskDirs.scan`).
  */
-export async function readTaskState(taskDir: string): Promise<TaskState> {
-  return decodeTaskState(await readBoundedFile(join(taskDir, TASK_STATE_FILE), TASK_STATE_MAX_BYTES));
+export function readTaskState(taskDir: string): TaskState {
+  return decodeTaskState(readBoundedFileSync(join(taskDir, TASK_STATE_FILE), TASK_STATE_MAX_BYTES));
 }
 
 /** The size task.json would have for `task`, in bytes. */
