@@ -93,6 +93,13 @@ export async function startTasks(
   }
 }
 
+/**
+ * How long the run waits on one list or removal of its containers: an engine that deadlocked
+ * (Docker 20.10's libnetwork did, three times in B6 on 2026-12-05) fails the cleanup after its
+ * retries instead of holding the run for ever.
+ */
+const ENGINE_CLEANUP_DEADLINE_MS = 60_000;
+
 /** Options of a shim the harness starts. */
 export interface ShimOptions {
   readonly home?: string;
@@ -321,7 +328,8 @@ export class Bench {
   async removeContainers(ids: readonly string[], limit = 16): Promise<void> {
     await pLimit(limit).map(ids, async (id) => {
       try {
-        await this.docker.getContainer(id).remove({ force: true, v: true });
+        const abortSignal = AbortSignal.timeout(ENGINE_CLEANUP_DEADLINE_MS);
+        await this.docker.getContainer(id).remove({ force: true, v: true, abortSignal });
       } catch (error) {
         if (!hasStatusCode(error, 404) && !hasStatusCode(error, 409)) throw error;
       }
@@ -333,7 +341,11 @@ export class Bench {
    * `prefix` (one of the run's names, e.g. `name("b9", "")`), only those whose name starts so.
    */
   async ownContainers(prefix: string = this.prefix): Promise<Docker.ContainerInfo[]> {
-    const listed = await this.docker.listContainers({ all: true, filters: { name: [prefix] } });
+    const listed = await this.docker.listContainers({
+      all: true,
+      filters: { name: [prefix] },
+      abortSignal: AbortSignal.timeout(ENGINE_CLEANUP_DEADLINE_MS),
+    });
     return listed.filter((c) => (c.Names ?? []).some((n) => n.replace(/^\//, "").startsWith(prefix)));
   }
 
