@@ -3,7 +3,7 @@ import { parseArgs } from "node:util";
 import { firstAnswer } from "./lib/first-answer.js";
 import { Bench } from "./lib/harness.js";
 import { Fleet } from "./lib/fleet.js";
-import { median, round } from "./lib/stats.js";
+import { median, percentile, round } from "./lib/stats.js";
 
 /*
  * `npx tsx bench/ab-restart.ts --variant A=dist/taskshim --variant 'B=/tmp/other|NODE_OPTIONS=--trace-gc'
@@ -54,8 +54,8 @@ const bench = new Bench(false);
 try {
   await bench.setup();
   const fleet = new Fleet(bench, await bench.startShim());
-  bench.log(`growing a fleet of ${values.tasks}`);
   const size = Number(values.tasks);
+  bench.log(`growing a fleet of ${size}`);
   await fleet.grow(size);
   const times = new Map(variants.map((v) => [v.label, [] as number[]]));
   for (let round = 0; round < rounds; round++) {
@@ -84,10 +84,9 @@ try {
     }
   }
   for (const [label, ms] of times) {
-    const sorted = [...ms].sort((a, b) => a - b);
-    const q = (p: number): number => sorted[Math.floor(p * (sorted.length - 1))] ?? Number.NaN;
+    const q = (p: number): number => round(percentile(ms, p), 0);
     console.log(
-      `${label.padEnd(16)} median ${round(median(ms), 1)} ms  (q1 ${round(q(0.25), 0)}, q3 ${round(q(0.75), 0)})  ` +
+      `${label.padEnd(16)} median ${round(median(ms), 1)} ms  (q1 ${q(25)}, q3 ${q(75)})  ` +
         ms.map((m) => round(m, 0)).join(" "),
     );
   }
