@@ -156,10 +156,10 @@ export async function readBoundedFile(path: string, maxBytes: number): Promise<s
 
 /**
  * {@link readBoundedFile} by synchronous calls, for the restore's scan of the task dirs: on a
- * warm page cache its seven calls per dir cost a few microseconds each, where each round trip
- * through libuv's thread pool costs tens of them and the scan held a restart of 200 tasks back by
- * ~40 ms (BENCHMARKS.md, the restart's profile). Not for a path read while the shim serves: a
- * slow disk would stall the event loop.
+ * warm page cache each of its five calls costs a few microseconds, where a round trip through
+ * libuv's thread pool costs tens, and the scan (seven calls a dir) held a restart of 200 tasks
+ * back by ~40 ms (BENCHMARKS.md, the restart's profile). Not for a path read while the shim
+ * serves: a slow disk would stall the event loop.
  */
 export function readBoundedFileSync(path: string, maxBytes: number): string {
   checkRegular(path, lstatSync(path), maxBytes);
