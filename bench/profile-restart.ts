@@ -1,4 +1,5 @@
 import { mkdir, readdir, readFile } from "node:fs/promises";
+import { setTimeout as sleep } from "node:timers/promises";
 import { join } from "node:path";
 import { parseArgs } from "node:util";
 import { Bench } from "./lib/harness.js";
@@ -8,7 +9,7 @@ import { median, round } from "./lib/stats.js";
 
 /*
  * `npx tsx bench/profile-restart.ts [--tasks 200] [--runs 5] [--min-ms 10] [--out DIR] [--binary FILE]
- *   [--interval-us 1000]`
+ *   [--interval-us 1000] [--victims 0]`
  *
  * Where a restart's CPU goes (B3): grows a fleet of running tasks on one shim, then `--runs` times
  * `kill -9`s it, restarts it on the same home under `--cpu-prof` and stops it gracefully once it
@@ -18,7 +19,12 @@ import { median, round } from "./lib/stats.js";
  * clean-up as `npm run bench` (everything named `bn-<nonce>-…`). `--binary`: restart as that single
  * binary (`dist/taskshim` of `npm run build:binary`), which takes `--cpu-prof` from NODE_OPTIONS too.
  * `--interval-us`: V8's sampling interval (finer shows short phases, at some cost to the run).
+ * `--victims`: containers SIGKILLed while the shim is down, as B3 does (their exits are finalized
+ * before it serves); the fleet is grown back after each run.
  */
+
+/** A pause after the fleet is grown back: the engine's work for the new containers ends before the next restart. */
+const SETTLE_MS = 1_500;
 
 /** One node of a V8 `.cpuprofile`. */
 interface ProfileNode {
@@ -95,11 +101,13 @@ const { values } = parseArgs({
     out: { type: "string" },
     binary: { type: "string" },
     "interval-us": { type: "string", default: "1000" },
+    victims: { type: "string", default: "0" },
   },
 });
 const size = Number(values.tasks);
 const runs = Number(values.runs);
 const minMs = Number(values["min-ms"]);
+const victims = Number(values.victims);
 const bench = new Bench(false);
 try {
   await bench.setup();
@@ -111,7 +119,9 @@ try {
   const total: Map<string, number>[] = [];
   const serving: number[] = [];
   for (let run = 0; run < runs; run++) {
+    const taken = await fleet.takeVictims(victims);
     await bench.killShim(fleet.shim);
+    await fleet.killContainers(taken.containers);
     const dir = join(out, `run-${run}`);
     await mkdir(dir, { recursive: true });
     const spawned = Date.now(); // as the shim dates its log lines (wallMs drifts from it)
@@ -123,6 +133,13 @@ try {
     });
     serving.push((logTimes(fleet.shim.logs, "taskshim serving")[0] ?? Number.NaN) - spawned);
     await bench.stopShim(fleet.shim);
+    // Served again without the profiler: the next run's victims are taken through its API.
+    fleet.shim = await bench.startShim({ home: fleet.shim.home, port: fleet.shim.port });
+    if (victims > 0) {
+      await bench.removeTasks(fleet.shim, taken.ids);
+      await fleet.grow(size);
+      await sleep(SETTLE_MS);
+    }
     const file = (await readdir(dir)).find((f) => f.endsWith(".cpuprofile"));
     if (!file) throw new Error(`no .cpuprofile in ${dir}`);
     const summary = summarise(
@@ -139,7 +156,6 @@ try {
   console.log(table("self time (median)", medians(self), minMs));
   console.log();
   console.log(table("inclusive time (median)", medians(total), minMs));
-  fleet.shim = await bench.startShim({ home: fleet.shim.home, port: fleet.shim.port });
   await bench.removeTasks(fleet.shim, fleet.running);
 } finally {
   await bench.cleanup();

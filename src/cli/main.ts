@@ -197,9 +197,8 @@ function endQuietlyOnClosedPipe(): void {
 }
 
 /** Entry point: one clear line and a non-zero exit on any failure. */
-export function main(argv: string[] = process.argv): void {
+export function main(argv: string[] = process.argv, program: Command = buildCli()): void {
   endQuietlyOnClosedPipe();
-  const program = buildCli();
   let settled = false;
   const path = commandPath(program, argv.slice(2));
   // A client request whose socket went away without an error leaves nothing to wait for: Node

@@ -8,6 +8,13 @@ describe("unsupportedRuntime", () => {
     expect(unsupportedRuntime()).toBeUndefined();
   });
 
+  it("names the range of package.json's engines when it checks against it", () => {
+    expect(unsupportedRuntime("20.20.2")).toBe(
+      `taskshim needs Node.js ${pkg.engines.node}, but ${process.execPath} is v20.20.2: ` +
+        "run the single binary (dist/taskshim), or `npm start` in the project",
+    );
+  });
+
   it("names the required range, the node found and the way out for one outside it", () => {
     expect(unsupportedRuntime("20.20.2", ">=26.12.1 <27")).toBe(
       `taskshim needs Node.js >=26.12.1 <27, but ${process.execPath} is v20.20.2: ` +

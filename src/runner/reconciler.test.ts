@@ -483,6 +483,49 @@ describe("Reconciler: what an exit's message says", () => {
     });
   });
 
+  it("asks the log tail of an exit the list shows beside its inspect, not after it", async () => {
+    const { task, container } = await env.seedTask();
+    env.docker.exit(container!.id, 137, { logs: ["killed"] });
+    let tailsAskedBeforeInspect = -1;
+    env.docker.onNext("inspectContainer", async () => {
+      await new Promise((resolve) => setImmediate(resolve));
+      tailsAskedBeforeInspect = env.docker.count("containerLogTail");
+    });
+    await env.reconciler.tick();
+    expect(tailsAskedBeforeInspect).toBe(1);
+    expect(env.docker.count("containerLogTail")).toBe(1);
+    expect(env.ctx.store.mustGet(task.id)).toMatchObject({
+      terminationReason: "container_exited_with_error",
+      terminationMessage: "killed",
+      exitCode: 137,
+    });
+  });
+
+  it("an exit 0 the list shows is done_by_runner with no message, though its tail was asked", async () => {
+    const { task, container } = await env.seedTask();
+    env.docker.exit(container!.id, 0, { logs: ["bye"] });
+    env.docker.failNext("containerLogTail", new DockerUnavailableError("logs: deadline exceeded"));
+    await env.reconciler.tick();
+    expect(env.ctx.store.mustGet(task.id)).toMatchObject({
+      terminationReason: "done_by_runner",
+      terminationMessage: "",
+      exitCode: 0,
+    });
+  });
+
+  it("a suspect of an event (the list may lag) has its tail asked only once the inspect says it failed", async () => {
+    const { task, container } = await env.seedTask();
+    env.docker.exit(container!.id, 2, { logs: ["boom"] });
+    let tailsAskedBeforeInspect = -1;
+    env.docker.onNext("inspectContainer", () => {
+      tailsAskedBeforeInspect = env.docker.count("containerLogTail");
+    });
+    env.reconciler.kick(task.id);
+    await env.reconciler.settled();
+    expect(tailsAskedBeforeInspect).toBe(0);
+    expect(env.docker.count("containerLogTail")).toBe(1);
+  });
+
   it("takes the time the exit was seen when the container reports no finish time (year 1)", async () => {
     const { task, container } = await env.seedTask();
     env.docker.exit(container!.id, 5);

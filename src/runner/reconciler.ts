@@ -1,7 +1,7 @@
 import { EngineMismatchError } from "./engine-guard.js";
 import { setTimeout as sleep } from "node:timers/promises";
 import pLimit from "p-limit";
-import type { ContainerEvent, ContainerState, TaskContainerSummary } from "../docker/docker-client.js";
+import type { ContainerEvent, TaskContainerSummary } from "../docker/docker-client.js";
 import type { Task } from "../tasks/task.js";
 import { LAST_LOG_LINES, type RunnerContext } from "./runner-context.js";
 import type { TaskRunner } from "./task-runner.js";
@@ -197,8 +197,7 @@ export class Reconciler {
     try {
       const task = store.get(id);
       if (!task || task.startInFlight || !watched(task)) return;
-      if (task.status === "running")
-        await this.processRunning(task, suspect ? undefined : listed?.state, event);
+      if (task.status === "running") await this.processRunning(task, suspect ? undefined : listed, event);
       else if (task.status === "terminated" && !task.cleanedUp) await this.processTerminated(task, listed);
     } catch (error) {
       // The guard said it once; every tick waits for the bound engine from now on.
@@ -211,10 +210,11 @@ export class Reconciler {
 
   private async processRunning(
     task: Task,
-    state: ContainerState | undefined,
+    listed: TaskContainerSummary | undefined,
     event?: ContainerEvent,
   ): Promise<void> {
     const { docker } = this.ctx;
+    const state = listed?.state;
     if (task.terminationReason !== "") {
       // A terminate's intent with no terminate in flight (it would hold the lock): its stop was
       // cut by a restart, or failed. Finish it; the outcome keeps the requested reason (the
@@ -232,6 +232,11 @@ export class Reconciler {
       await this.finalize(task, "done_by_runner", "", 0);
       return;
     }
+    // Listed as exited (the first tick after a restart, or an exit whose event was lost): the
+    // last log lines a failed exit needs are asked beside the inspect, not after it, so each exit
+    // while down costs one round trip to the engine instead of two. An exit 0 does not read them.
+    const tail =
+      listed !== undefined && (state === "exited" || state === "dead") ? this.logTail(listed.id) : undefined;
     // Not listed, no longer running, or reported dead by an event: an inspect decides.
     const details = await docker.inspectContainer(task.containerId ?? task.containerName, this.ctx.shutdown);
     if (!details) {
@@ -256,9 +261,7 @@ export class Reconciler {
           await this.finalize(task, "done_by_runner", "", 0, when);
           return;
         }
-        const lines = await docker
-          .containerLogTail(details.id, LAST_LOG_LINES, this.ctx.shutdown)
-          .catch(() => []);
+        const lines = await (details.id === listed?.id && tail ? tail : this.logTail(details.id));
         // A container that stopped while the engine was down or restarting was most likely
         // stopped by the engine (no live-restore), not by its workload: say so. Both sides are
         // wall clock (FinishedAt is the engine's), so this one comparison stays off the
@@ -281,6 +284,11 @@ export class Reconciler {
         return;
       }
     }
+  }
+
+  /** The container's last log lines; none when the engine cannot give them (never an error). */
+  private logTail(containerId: string): Promise<string[]> {
+    return this.ctx.docker.containerLogTail(containerId, LAST_LOG_LINES, this.ctx.shutdown).catch(() => []);
   }
 
   private async processTerminated(task: Task, listed: TaskContainerSummary | undefined): Promise<void> {

@@ -1,7 +1,6 @@
 import pLimit from "p-limit";
 import type { Reconciler } from "./reconciler.js";
-import type { ScannedTaskDir } from "../state/task-dirs.js";
-import { restoreTasks, type RestoreReport } from "./restore.js";
+import { restoreTasks, type RestoreReads, type RestoreReport } from "./restore.js";
 import type { RunnerContext } from "./runner-context.js";
 import type { TaskRunner } from "./task-runner.js";
 
@@ -48,9 +47,9 @@ export interface Recovery {
  */
 export async function recover(
   { ctx, runner, reconciler }: RecoveryParts,
-  scanned?: Promise<readonly ScannedTaskDir[]>,
+  begun?: RestoreReads,
 ): Promise<Recovery> {
-  const report = await restoreTasks(ctx, scanned);
+  const report = await restoreTasks(ctx, begun);
   // (On a degraded home they stay not yet durable and are written once it takes writes.)
   await pLimit(RESTORED_WRITES_AT_ONCE).map(report.changed, (id) => runner.writeRestored(id));
   await reconciler.tick(report.listed);

@@ -68,6 +68,18 @@ describe("restoreTasks", () => {
     }
   });
 
+  it("restores from the reads the start began (the scan and the list), asking neither again", async () => {
+    const task = await env.submitAndStart({});
+    const next = await restart();
+    const scanning = next.ctx.dirs.scan();
+    const listing = next.ctx.docker.listTaskContainers();
+    env.docker.resetCalls();
+    const report = await restoreTasks(next.ctx, { scanning, listing });
+    expect(report.restored).toBe(1);
+    expect(next.ctx.store.mustGet(task.id).status).toBe("running");
+    expect(env.docker.count("listTaskContainers")).toBe(0);
+  });
+
   it("on a host without GPUs, restores tasks with their state from the list alone (no inspect), ports included", async () => {
     const noGpus = { vendor: "none" as const, gpus: [] };
     const first = await restart({ inventory: noGpus });

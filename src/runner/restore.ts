@@ -47,16 +47,24 @@ export interface RestoreReport {
 }
 
 /**
+ * The restore's two reads, where the start began them before the restore (each is begun by the
+ * restore when absent): the scan of the task dirs, begun under the home lock while the engine is
+ * reached, and the engine's labelled list, begun once the engine is bound while the API is built
+ * (src/shim/start-shim.ts). A read begun early must be settled by its own catch until awaited here.
+ */
+export interface RestoreReads {
+  readonly scanning?: Promise<readonly ScannedTaskDir[]>;
+  readonly listing?: Promise<readonly TaskContainerSummary[]>;
+}
+
+/**
  * Rebuilds the in-memory tasks from Docker (what runs) and task.json (what was intended),
  * before the API serves. A task owns only the GPUs it newly locks here, so two restored
  * tasks can never both release the same GPU.
  */
-export async function restoreTasks(
-  ctx: RunnerContext,
-  scanning?: Promise<readonly ScannedTaskDir[]>,
-): Promise<RestoreReport> {
+export async function restoreTasks(ctx: RunnerContext, begun: RestoreReads = {}): Promise<RestoreReport> {
   const { dirs, store, log } = ctx;
-  const { scanned, containers } = await scanAndList(ctx, scanning);
+  const { scanned, containers } = await scanAndList(ctx, begun);
   await failpoint("mid-restore");
 
   const sorted = await sortScanned(ctx, scanned);
@@ -112,14 +120,16 @@ export async function restoreTasks(
 
 /**
  * The disk and the engine at once: the list's round trip hides behind the reads. Both end
- * before a failure is reported (the scan deletes temp files in the home). `scanning`: the scan
- * the start began under the home lock, while it reached the engine (src/shim/start-shim.ts).
+ * before a failure is reported (the scan deletes temp files in the home).
  */
 async function scanAndList(
   ctx: RunnerContext,
-  scanning: Promise<readonly ScannedTaskDir[]> | undefined,
+  { scanning, listing }: RestoreReads,
 ): Promise<{ scanned: readonly ScannedTaskDir[]; containers: readonly TaskContainerSummary[] }> {
-  const reads = [scanning ?? ctx.dirs.scan(), ctx.docker.listTaskContainers(ctx.shutdown)] as const;
+  const reads = [
+    scanning ?? ctx.dirs.scan(),
+    listing ?? ctx.docker.listTaskContainers(ctx.shutdown),
+  ] as const;
   await Promise.allSettled(reads);
   const [scanned, containers] = await Promise.all(reads);
   return { scanned, containers };

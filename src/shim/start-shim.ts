@@ -70,6 +70,11 @@ export async function startShim(
     base.metrics.setGpus(reached.inventory);
     const { engineGuard, homeWatch } = await bindEngine(config, chosen, reached, log, shutdown); // 4
     const found = { ...reached, engineGuard };
+    const running = composeRunner(config, base, found, log, shutdown);
+    // 6's list, begun now that the engine is bound: its round trip hides behind DCGM's lookups
+    // and the API's building.
+    const listing = running.ctx.docker.listTaskContainers(shutdown.signal);
+    listing.catch(() => undefined); // awaited by the recovery; a failed start must not leave it unhandled
     // DCGM on an NVIDIA host (PATH lookups only here; the exporter and health run once serving).
     const dcgm = await prepareDcgm({
       inventory: found.inventory,
@@ -80,13 +85,14 @@ export async function startShim(
       commands: base.commands,
       log,
     });
-    const parts = { ...base, ...composeRunner(config, base, found, log, shutdown), homeWatch, dcgm };
+    const parts = { ...base, ...running, homeWatch, dcgm };
     const api = composeApi(config, parts, found, authToken, log, shutdown);
     // fastify compiles its routes and schemas (CPU) while the restore waits on the engine and the
     // disk; nothing listens before the restore and the first tick are done.
     const ready = (async () => void (await api.app.ready()))();
     ready.catch(() => undefined); // awaited by listen; a failed restore must not leave it unhandled
-    const recovery = await recoverTasks(parts, engineGuard, scan, log, shutdown, interrupted); // 6
+    const begun = { scanning: scan, listing };
+    const recovery = await recoverTasks(parts, engineGuard, begun, log, shutdown, interrupted); // 6
     const componentCheck = checkComponents(config, parts.components); // 7
     const address = await listen(config, api, ready, target, interrupted); // 8
     const engine = chosen.engine.current();

@@ -27,7 +27,7 @@ import { detectGpus, type GpuInventory } from "../host/gpu-inventory.js";
 import { collectHostInfo, systemHostFacts } from "../host/host-info.js";
 import { EngineGuard } from "../runner/engine-guard.js";
 import { recover, type Recovery } from "../runner/recover.js";
-import type { ScannedTaskDir } from "../state/task-dirs.js";
+import type { RestoreReads } from "../runner/restore.js";
 import { loadEngineRecord, writeEngineRecord, type EngineRecord } from "../state/engine-record.js";
 import { HomeIdentityError, loadHomeIdentity } from "../state/home-identity.js";
 import { HOST_INFO_FILE, writeHostInfo } from "../state/host-info-file.js";
@@ -205,14 +205,14 @@ export async function bindEngine(
 export async function recoverTasks(
   parts: ShimBase & ShimRunner,
   engineGuard: EngineGuard,
-  scanned: Promise<readonly ScannedTaskDir[]>,
+  begun: RestoreReads,
   log: Logger,
   shutdown: ShimShutdown,
   interrupted: AbortSignal | undefined,
 ): Promise<Recovery> {
   shutdown.restoring();
   const { ctx, runner, reconciler, metrics } = parts;
-  const recovery = await unlessInterrupted(recover({ ctx, runner, reconciler }, scanned), interrupted);
+  const recovery = await unlessInterrupted(recover({ ctx, runner, reconciler }, begun), interrupted);
   const report = recovery.report;
   if (engineGuard.state().state === "unbound" && parts.store.list().length > 0) {
     await engineGuard.verify(shutdown.signal).catch((error: unknown) => {
